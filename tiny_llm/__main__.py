@@ -1,0 +1,3 @@
+from tiny_llm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""Pure, torch-free arithmetic: parameter counts, token budgets, epochs, updates, LR.
+
+Everything here is a small function of the recipe, so it is shared by the
+trainer, `describe`, the tuner and the campaign's GPU-hour estimate, and is
+unit-tested at its edges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tiny_llm.config import ModelConfig, OptimizerConfig, RecipeConfig
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """Unique parameters, tied embedding counted once: V·d + L·(4d² + 3·d·f + 2d) + d."""
+    d, f = model.width, model.ffn_width
+    return model.vocab_size * d + model.num_layers * (4 * d * d + 3 * d * f + 2 * d) + d
+
+
+def non_embedding_parameter_count(model: ModelConfig) -> int:
+    return parameter_count(model) - model.vocab_size * model.width
+
+
+def flops_per_token(model: ModelConfig) -> float:
+    """Training FLOPs per token: 6·N (matmul weights incl. the LM head) + attention 12·L·d·ctx/2·..."""
+    n_matmul = parameter_count(model) - model.width * (2 * model.num_layers + 1)  # drop norm scales
+    attention = 6 * model.num_layers * model.width * model.context_length  # causal QK^T and AV, fwd+bwd
+    return 6.0 * n_matmul + attention
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The realized token budget of one model's training run."""
+
+    parameters: int
+    target_tokens: int
+    """tokens_per_parameter x parameters, before rounding up to whole blocks."""
+    context_length: int
+    blocks_per_update: int
+    epoch_boundaries: tuple[int, ...]
+    """Cumulative block index at the end of each epoch; the last is the total."""
+
+    @property
+    def num_blocks(self) -> int:
+        return self.epoch_boundaries[-1]
+
+    @property
+    def tokens(self) -> int:
+        """Realized training targets: whole blocks."""
+        return self.num_blocks * self.context_length
+
+    @property
+    def num_epochs(self) -> int:
+        return len(self.epoch_boundaries)
+
+    @property
+    def cache_tokens_needed(self) -> int:
+        """Train tokens the cache must hold: every target plus the first input token."""
+        return self.tokens + 1
+
+    def epoch_updates(self, epoch: int) -> list[int]:
+        """Block counts of the updates of ``epoch`` (0-based); the last may be short."""
+        start = self.epoch_boundaries[epoch - 1] if epoch else 0
+        blocks = self.epoch_boundaries[epoch] - start
+        full, rest = divmod(blocks, self.blocks_per_update)
+        return [self.blocks_per_update] * full + ([rest] if rest else [])
+
+    @property
+    def num_updates(self) -> int:
+        return sum(len(self.epoch_updates(e)) for e in range(self.num_epochs))
+
+    def update_schedule(self) -> list[tuple[int, int, int]]:
+        """(epoch, start_block, num_blocks) for every update, in order."""
+        out = []
+        start = 0
+        for epoch in range(self.num_epochs):
+            for blocks in self.epoch_updates(epoch):
+                out.append((epoch, start, blocks))
+                start += blocks
+        return out
+
+
+def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
+    """Budget of ``recipe``; packed runs count one model's parameters and keep epochs multiples of N."""
+    model, training = recipe.model, recipe.training
+    params = parameters if parameters is not None else parameter_count(model)
+    L = model.context_length
+    total = math.ceil(training.tokens_per_parameter * params)
+    epoch = training.epoch_tokens_per_parameter * params
+    num_epochs = max(1, math.ceil(total / epoch - 1e-9))
+    boundaries = tuple(math.ceil(min(total, i * epoch) / L) for i in range(1, num_epochs + 1))
+    return Budget(
+        parameters=params,
+        target_tokens=total,
+        context_length=L,
+        blocks_per_update=training.batch_tokens // L,
+        epoch_boundaries=boundaries,
+    )
+
+
+def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:
+    """Learning rate after ``tokens`` targets (evaluate at an update's end token).
+
+    Linear warmup over warmup_fraction of the tokens, then cosine (or, for wsd,
+    a hold and a 1 - sqrt(q) decay over the last decay_fraction) down to
+    min_lr_ratio x peak.
+    """
+    peak, floor = opt.lr, opt.lr * opt.min_lr_ratio
+    warmup = opt.warmup_fraction * total_tokens
+    if tokens < warmup:
+        return peak * tokens / warmup
+    if opt.lr_schedule == "wsd":
+        decay_start = max(warmup, total_tokens * (1.0 - opt.decay_fraction))
+        if tokens < decay_start:
+            return peak
+        q = min(1.0, (tokens - decay_start) / max(total_tokens - decay_start, 1e-12))
+        return floor + (peak - floor) * (1.0 - math.sqrt(q))
+    q = min(1.0, (tokens - warmup) / max(total_tokens - warmup, 1e-12))
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+def describe(recipe: RecipeConfig) -> dict[str, int | float]:
+    """What a user needs to plan a run (the `describe` subcommand)."""
+    budget = make_budget(recipe)
+    return {
+        "parameters": budget.parameters,
+        "non_embedding_parameters": non_embedding_parameter_count(recipe.model),
+        "num_models": recipe.decentralized.num_models if recipe.decentralized else 1,
+        "target_tokens": budget.target_tokens,
+        "tokens": budget.tokens,
+        "blocks": budget.num_blocks,
+        "epochs": budget.num_epochs,
+        "updates": budget.num_updates,
+        "batch_tokens": recipe.training.batch_tokens,
+        "cache_tokens_needed": budget.cache_tokens_needed,
+        "flops_per_token": flops_per_token(recipe.model),
+    }

@@ -1,0 +1,80 @@
+"""`python -m tiny_llm <command>` / `tiny-llm <command>`.
+
+Each subcommand lives in its own module, which exposes
+``configure_parser(parser)`` and ``run(args) -> int``. The module is imported
+only when its command runs, so `--help` and light commands stay fast and
+torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tiny_llm import __version__
+from tiny_llm.errors import TinyLLMError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "describe": ("tiny_llm.commands.describe", "print a recipe's parameters, budget and cache needs as JSON"),
+    "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),
+}
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """--config (preset name or YAML path, repeatable) and --set dotted.key=value (repeatable)."""
+    parser.add_argument(
+        "--config",
+        action="append",
+        required=required,
+        default=None,
+        metavar="C",
+        help="preset name or YAML file; repeat to merge in order",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one dotted key (value parsed as YAML); repeatable",
+    )
+
+
+def recipe_from_args(args: argparse.Namespace):  # -> RecipeConfig
+    from tiny_llm.config import load_recipe
+
+    return load_recipe(args.config or [], args.set)
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiny-llm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tiny-llm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        parser = _top_parser()
+        if argv and not argv[0].startswith("-"):
+            parser.error(f"unknown command '{argv[0]}'")
+        parser.parse_args(argv or ["--help"])
+        return 0
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+        parser = argparse.ArgumentParser(prog=f"tiny-llm {name}", description=help_text)
+        module.configure_parser(parser)
+        args = parser.parse_args(rest)
+        return int(module.run(args) or 0)
+    except TinyLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

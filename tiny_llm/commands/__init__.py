@@ -1,0 +1,1 @@
+"""Thin CLI adapters: parse arguments, call the library, print JSON."""

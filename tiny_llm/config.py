@@ -1,0 +1,534 @@
+"""Typed, strict recipe configuration (torch-free).
+
+A recipe is built from the defaults, then YAML files (``--config``, a path or
+a shipped preset name) merged in order, then ``--set dotted.key=value``
+overrides. Everything is validated once, after merging: unknown keys, wrong
+types, non-finite numbers and impossible combinations are all collected and
+reported as one line each, naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from tiny_llm.errors import ConfigError
+from tiny_llm.io import canonical_json
+
+C4_REVISION = "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
+TINYLLAMA_TOKENIZER = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
+TINYLLAMA_REVISION = "59f6f375b26bde864a6ca194a9a3044570490064"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Llama-style decoder shape (the 20M preset is the default)."""
+
+    vocab_size: int = 32000
+    """Tokenizer size; must equal len(tokenizer)."""
+    num_layers: int = 8
+    """Transformer blocks."""
+    width: int = 320
+    """Residual stream width d."""
+    num_heads: int = 5
+    """Attention heads (KV heads = heads)."""
+    ffn_width: int = 896
+    """SwiGLU hidden width f."""
+    context_length: int = 1024
+    """Tokens per training block L."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    init_std: float = 0.02
+    """Std of the normal init of linears and the embedding."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Corpus, tokenizer and token cache."""
+
+    cache_dir: str = "data/cache"
+    """Token cache directory (immutable once complete)."""
+    dataset: str = "allenai/c4"
+    """'allenai/c4' (streamed from the hub) or a local directory in C4's en/ layout."""
+    dataset_revision: str | None = C4_REVISION
+    """Hub revision of the dataset; ignored for local directories."""
+    tokenizer: str = TINYLLAMA_TOKENIZER
+    """Hub id, or a local tokenizer.json / tokenizer.model / saved tokenizer directory."""
+    tokenizer_revision: str | None = TINYLLAMA_REVISION
+    """Hub revision of the tokenizer; ignored for local paths."""
+    shuffle_seed: int = 42
+    """Seed of the streaming shuffle of train documents."""
+    shuffle_buffer: int = 10000
+    """Documents in the streaming shuffle buffer."""
+    shard_tokens: int = 16_777_216
+    """Tokens per full cache shard."""
+    tokenize_batch_size: int = 256
+    """Documents per tokenizer batch call."""
+    buffer_size_mib: int = 64
+    """Size of one contiguous loader read (and prefetch unit)."""
+    prefetch: bool = True
+    """Read the next loader range in a background thread."""
+    prepare_train_tokens: int | None = None
+    """Train tokens to cache; null = what the training budget needs (+1)."""
+    prepare_validation_tokens: int | None = None
+    """Truncate validation to this many tokens; null = all of it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW and the token-based learning-rate schedule."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    """Decoupled decay on all >=2-D tensors (embedding included), none on norm scales."""
+    grad_clip: float | None = 1.0
+    """Global L2 clip threshold; null = no clipping (the norm is still computed and logged)."""
+    warmup_fraction: float = 0.05
+    """Linear warmup over this fraction of the training tokens."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak."""
+    lr_schedule: Literal["cosine", "wsd"] = field(default="cosine", metadata={"late": True})
+    """cosine decay, or warmup-stable-decay."""
+    decay_fraction: float = field(default=0.2, metadata={"late": True})
+    """wsd only: decay (1 - sqrt) over this last fraction of tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """Token budget, batch and checkpointing."""
+
+    tokens_per_parameter: float = 20.0
+    """Training targets = this x parameters of one model."""
+    epoch_tokens_per_parameter: float = 0.5
+    """Targets per virtual epoch = this x parameters."""
+    batch_tokens: int = 131_072
+    """Targets per optimizer update."""
+    micro_batch_size: int = 128
+    """Sequences per forward/backward microbatch."""
+    checkpoint_policy: Literal["final", "none", "interval", "all"] = "final"
+    """final | none | interval (rolling latest.pt) | all (interval + per-epoch files)."""
+    checkpoint_every: int = 500
+    """Updates between rolling checkpoints (interval/all)."""
+    log_every: int = 20
+    """Updates between train metric rows."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationConfig:
+    """Validation subset and batching."""
+
+    subset_blocks: int = 1024
+    """Full validation blocks in the per-epoch subset."""
+    batch_size: int = 128
+    """Sequences per evaluation batch."""
+    seed: int = 12345
+    """numpy default_rng seed choosing the subset."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """Execution settings; most of them are excluded from the recipe identity."""
+
+    seed: int = 42
+    """Model init and sample order."""
+    deterministic: bool = False
+    """Reference attention, no compile, no fused optimizer, deterministic algorithms."""
+    device: str = "auto"
+    """'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'."""
+    amp: bool = True
+    """BF16 autocast on CUDA."""
+    cpu_amp: bool = False
+    """BF16 autocast on CPU (faster only with AMX/AVX512-BF16)."""
+    compile: bool = True
+    """torch.compile the forward+loss of full microbatches."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    """'auto' lets PyTorch choose; a named kernel disables the fallbacks."""
+    attention_backend: Literal["sdpa", "reference"] = "sdpa"
+    fused_optimizer: bool = True
+    """Fused AdamW on CUDA."""
+    cpu_threads: int | None = 8
+    """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
+    output_dir: str = "runs/default"
+    """Run directory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptiveConsensusConfig:
+    """Mixing strength gamma = (lr_t / lr_max) ** p after start_frac of the updates."""
+
+    start_frac: float = 0.5
+    p: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecentralizedConfig:
+    """Packed training of N models with decentralized mixing."""
+
+    num_models: int = 4
+    topology: Literal["complete", "one_peer_ring", "one_peer_exponential"] = "complete"
+    scheme: Literal["awc", "atc"] = "awc"
+    """awc: mix then step with pre-mix gradients; atc: step then mix."""
+    adaptive_consensus: AdaptiveConsensusConfig | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeConfig:
+    """A complete training recipe."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    decentralized: DecentralizedConfig | None = None
+    """Packed decentralized training; null = one ordinary model."""
+
+
+# Fields that never change what a run computes, so a resume may change them.
+EXECUTION_ONLY_FIELDS = frozenset(
+    {
+        "training.checkpoint_policy",
+        "training.checkpoint_every",
+        "runtime.output_dir",
+        "runtime.device",
+        "runtime.cpu_threads",
+        "data.cache_dir",
+        "data.prefetch",
+        "data.buffer_size_mib",
+        "data.tokenize_batch_size",
+    }
+)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped with the package."""
+    folder = resources.files("tiny_llm") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_config_source(source: str) -> dict[str, Any]:
+    """Read one ``--config`` argument: a YAML path, or the name of a shipped preset."""
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {source}")
+        text = path.read_text(encoding="utf-8")
+    else:
+        preset = resources.files("tiny_llm") / "presets" / f"{source}.yaml"
+        if not preset.is_file():
+            raise ConfigError(
+                f"unknown preset '{source}' (not a file either); presets: {', '.join(preset_names())}"
+            )
+        text = preset.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge recursively; scalars and lists replace."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(assignment: str) -> dict[str, Any]:
+    """Turn ``a.b.c=value`` (value parsed as YAML) into a nested mapping."""
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set expects dotted.key=value, got '{assignment}'")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def load_recipe(configs: list[str] | None = None, sets: list[str] | None = None) -> RecipeConfig:
+    """Defaults <- each --config in order <- each --set in order, validated once."""
+    merged: dict[str, Any] = {}
+    for source in configs or []:
+        merged = deep_merge(merged, read_config_source(source))
+    for assignment in sets or []:
+        merged = deep_merge(merged, parse_set(assignment))
+    return recipe_from_dict(merged)
+
+
+def recipe_from_dict(data: dict[str, Any]) -> RecipeConfig:
+    """Build and validate a recipe; raise ConfigError listing every problem."""
+    problems: list[str] = []
+    recipe = _build(RecipeConfig, data, "", problems)
+    if not problems:
+        problems.extend(cross_field_problems(recipe))
+    if problems:
+        raise ConfigError("invalid recipe: " + "\n  ".join(problems))
+    return recipe
+
+
+def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
+    where = prefix.rstrip(".") or "recipe"
+    if not isinstance(data, dict):
+        problems.append(f"{where}: expected a mapping, got {_describe(data)}")
+        return None
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            hint = _close_match(str(key), names)
+            problems.append(f"{prefix}{key}: unknown key{hint}")
+    kwargs = {}
+    for name in names & set(data):
+        kwargs[name] = _convert(hints[name], data[name], f"{prefix}{name}", problems)
+    if any(p.startswith(prefix) for p in problems) and prefix:
+        return None
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a nested section failed and left None where a dataclass is needed
+        problems.append(f"{where}: {exc}")
+        return None
+
+
+def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _convert(inner[0], value, key, problems)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            problems.append(f"{key}: expected one of {', '.join(map(str, choices))}, got {_describe(value)}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, {} if value is None else value, f"{key}.", problems)
+    if hint is bool:
+        if not isinstance(value, bool):
+            problems.append(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+                return int(value)
+            problems.append(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{key}: expected a number, got {_describe(value)}")
+            return value
+        if not math.isfinite(value):
+            problems.append(f"{key}: expected a finite number, got {value}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            problems.append(f"{key}: expected a non-empty string, got {_describe(value)}")
+        return value
+    raise TypeError(f"unsupported config type {hint} for {key}")  # a bug, not user input
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _close_match(key: str, names: set[str]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(key, sorted(names), n=1)
+    return f" (did you mean '{match[0]}'?)" if match else f" (allowed: {', '.join(sorted(names))})"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def cross_field_problems(recipe: RecipeConfig) -> list[str]:
+    """Combinations that no run could satisfy."""
+    m, t, o, e = recipe.model, recipe.training, recipe.optimizer, recipe.evaluation
+    problems = []
+    positive = {
+        "model.vocab_size": m.vocab_size,
+        "model.num_layers": m.num_layers,
+        "model.width": m.width,
+        "model.num_heads": m.num_heads,
+        "model.ffn_width": m.ffn_width,
+        "model.context_length": m.context_length,
+        "model.rope_theta": m.rope_theta,
+        "model.norm_eps": m.norm_eps,
+        "model.init_std": m.init_std,
+        "training.tokens_per_parameter": t.tokens_per_parameter,
+        "training.epoch_tokens_per_parameter": t.epoch_tokens_per_parameter,
+        "training.batch_tokens": t.batch_tokens,
+        "training.micro_batch_size": t.micro_batch_size,
+        "training.checkpoint_every": t.checkpoint_every,
+        "training.log_every": t.log_every,
+        "optimizer.lr": o.lr,
+        "optimizer.eps": o.eps,
+        "evaluation.subset_blocks": e.subset_blocks,
+        "evaluation.batch_size": e.batch_size,
+        "data.shuffle_buffer": recipe.data.shuffle_buffer,
+        "data.shard_tokens": recipe.data.shard_tokens,
+        "data.tokenize_batch_size": recipe.data.tokenize_batch_size,
+        "data.buffer_size_mib": recipe.data.buffer_size_mib,
+    }
+    problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
+    for key, value in {"optimizer.beta1": o.beta1, "optimizer.beta2": o.beta2}.items():
+        if not 0 <= value < 1:
+            problems.append(f"{key}: must be in [0, 1), got {value}")
+    for key, value in {
+        "optimizer.warmup_fraction": o.warmup_fraction,
+        "optimizer.min_lr_ratio": o.min_lr_ratio,
+        "optimizer.decay_fraction": o.decay_fraction,
+    }.items():
+        if not 0 <= value <= 1:
+            problems.append(f"{key}: must be in [0, 1], got {value}")
+    if o.weight_decay < 0:
+        problems.append(f"optimizer.weight_decay: must be >= 0, got {o.weight_decay}")
+    if o.grad_clip is not None and o.grad_clip <= 0:
+        problems.append(f"optimizer.grad_clip: must be > 0 or null, got {o.grad_clip}")
+    if recipe.runtime.cpu_threads is not None and recipe.runtime.cpu_threads <= 0:
+        problems.append(f"runtime.cpu_threads: must be > 0 or null, got {recipe.runtime.cpu_threads}")
+    if problems:
+        return problems
+    if m.width % m.num_heads:
+        problems.append(f"model.width: {m.width} is not divisible by model.num_heads {m.num_heads}")
+    elif (m.width // m.num_heads) % 2:
+        problems.append(f"model.num_heads: head dim {m.width // m.num_heads} must be even for RoPE")
+    if m.vocab_size > 65536:
+        problems.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token cache (max 65536)")
+    if t.batch_tokens % m.context_length:
+        problems.append(
+            f"training.batch_tokens: {t.batch_tokens} is not a multiple of model.context_length "
+            f"{m.context_length}"
+        )
+    elif t.micro_batch_size > t.batch_tokens // m.context_length:
+        problems.append(
+            f"training.micro_batch_size: {t.micro_batch_size} sequences exceed the "
+            f"{t.batch_tokens // m.context_length} sequences of one update (training.batch_tokens)"
+        )
+    if t.epoch_tokens_per_parameter > t.tokens_per_parameter:
+        problems.append("training.epoch_tokens_per_parameter: larger than training.tokens_per_parameter")
+    device = recipe.runtime.device
+    if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+        problems.append(f"runtime.device: expected auto, cpu, cuda or cuda:N, got '{device}'")
+    problems += _packed_problems(recipe)
+    return problems
+
+
+def _packed_problems(recipe: RecipeConfig) -> list[str]:
+    dec = recipe.decentralized
+    if dec is None:
+        return []
+    problems = []
+    if dec.num_models < 2:
+        problems.append(f"decentralized.num_models: must be >= 2, got {dec.num_models}")
+        return problems
+    need = dec.num_models * recipe.training.micro_batch_size * recipe.model.context_length
+    if recipe.training.batch_tokens != need:
+        problems.append(
+            f"training.batch_tokens: packed training needs num_models x micro_batch_size x context_length "
+            f"= {need}, got {recipe.training.batch_tokens}"
+        )
+    if dec.topology == "one_peer_ring" and dec.num_models % 2:
+        problems.append(
+            f"decentralized.topology: one_peer_ring needs an even num_models, got {dec.num_models}"
+        )
+    ac = dec.adaptive_consensus
+    if ac is not None and not (0 <= ac.start_frac <= 1 and ac.p > 0):
+        problems.append("decentralized.adaptive_consensus: needs 0 <= start_frac <= 1 and p > 0")
+    return problems
+
+
+# ----------------------------------------------------------------------------- dumping
+
+
+def recipe_to_dict(recipe: RecipeConfig) -> dict[str, Any]:
+    """Plain nested dict of every field (what resolved.yaml holds)."""
+    return dataclasses.asdict(recipe)
+
+
+def dump_recipe(recipe: RecipeConfig) -> str:
+    return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
+
+
+def replace_in(recipe: RecipeConfig, **dotted: Any) -> RecipeConfig:
+    """Copy with ``section__field=value`` replacements, re-validated."""
+    data = recipe_to_dict(recipe)
+    for key, value in dotted.items():
+        section, name = key.split("__", 1)
+        data[section][name] = value
+    return recipe_from_dict(data)
+
+
+def _identity_view(obj: Any, cls: type | None, prefix: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    out = {}
+    for f in dataclasses.fields(obj):
+        key = f"{prefix}{f.name}"
+        if key in EXECUTION_ONLY_FIELDS:
+            continue
+        value = getattr(obj, f.name)
+        if f.metadata.get("late") and value == f.default:
+            continue  # fields added later vanish at their default so older identities stay valid
+        out[f.name] = _identity_view(value, None, f"{key}.")
+    return out
+
+
+def recipe_identity_payload(recipe: RecipeConfig) -> dict[str, Any]:
+    """The identity-relevant part of the recipe (no execution-only fields)."""
+    return _identity_view(recipe, None, "")
+
+
+def recipe_identity(recipe: RecipeConfig, cache_identity: str | None) -> str:
+    """sha256 of the canonical identity payload plus the token cache identity."""
+    payload = {"recipe": recipe_identity_payload(recipe), "cache_identity": cache_identity}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def identity_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two identity payloads."""
+    keys = sorted(set(old) | set(new))
+    diffs = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += identity_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
