@@ -91,6 +91,9 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
     epoch = training.epoch_tokens_per_parameter * params
     num_epochs = max(1, math.ceil(total / epoch - 1e-9))
     boundaries = tuple(math.ceil(min(total, i * epoch) / L) for i in range(1, num_epochs + 1))
+    if recipe.decentralized is not None:  # every worker gets the same number of blocks in each epoch
+        n = recipe.decentralized.num_models
+        boundaries = tuple(-(-b // n) * n for b in boundaries)
     return Budget(
         parameters=params,
         target_tokens=total,
