@@ -1,0 +1,224 @@
+"""Staged tuner with a fake worker: ranks, reuse, timeouts, budget, selection."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tiny_llm.bench import tuner
+from tiny_llm.bench.candidates import make_plan, make_slots, profile_from_dict, rank_results
+from tiny_llm.config import load_recipe
+from tiny_llm.errors import RunStateError, TinyLLMError
+
+# Throughput = micro x (3 if compiled) x attention factor x thread factor; behaviour knobs come
+# from FAKE_WORKER (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
+FAKE_WORKER = textwrap.dedent(
+    """
+    import argparse, json, os, subprocess, sys, time
+    import yaml
+    p = argparse.ArgumentParser()
+    for a in ("--config", "--output", "--data-mode", "--warmup", "--steps", "--windows", "--require-gpu-name"):
+        p.add_argument(a)
+    args = p.parse_args()
+    knobs = json.loads(os.environ.get("FAKE_WORKER", "{}"))
+    r = yaml.safe_load(open(args.config))
+    micro, comp = r["training"]["micro_batch_size"], r["runtime"]["compile"]
+    label = f"m{micro}-{'compile' if comp else 'eager'}"
+    with open(knobs["calls"], "a") as f:
+        f.write(json.dumps({"label": label, "sdpa": r["runtime"]["sdpa_backend"],
+                            "threads": r["runtime"]["cpu_threads"]}) + "\\n")
+    if knobs.get("exit2"):
+        print("error: tuning profile gh200 expects a GH200 GPU", file=sys.stderr)
+        sys.exit(2)
+    if label in knobs.get("hang", []):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open(knobs["child_pid"], "w").write(str(child.pid))
+        time.sleep(120)
+    time.sleep(knobs.get("sleep", 0))
+    tps = micro * (3 if comp else 1)
+    tps *= {"flash": 1.5, "cudnn": 1.2}.get(r["runtime"]["sdpa_backend"], 1.0)
+    tps *= {1: 0.5, 4: 1.01}.get(r["runtime"]["cpu_threads"], 1.0)
+    status = "failed" if label in knobs.get("fail", []) else "ok"
+    json.dump({"status": status, "tokens_per_second": tps if status == "ok" else None,
+               "error": None if status == "ok" else "boom"}, open(args.output, "w"))
+    """
+)
+
+
+@pytest.fixture()
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+
+    def configure(**knobs):
+        knobs = {"calls": str(tmp_path / "calls.jsonl"), "child_pid": str(tmp_path / "child.pid"), **knobs}
+        monkeypatch.setenv("FAKE_WORKER", json.dumps(knobs))
+        return [sys.executable, str(script)]
+
+    return configure
+
+
+def calls(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (an orphan whose reaper has not run yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def gpu_profile(**extra):
+    data = {
+        "configs": ["tiny"],
+        "sets": ["training.batch_tokens=2048"],  # 32 sequences of 64
+        "space": "gpu",
+        "stage1": [[8, False], [8, True], [16, True], [4, False]],
+        "threads": [1, 4, 8],
+        **extra,
+    }
+    return profile_from_dict("fakegpu", data)
+
+
+def test_reference_stage1_order_skips_micro_above_batch():
+    profile = profile_from_dict("g", {"configs": ["tiny"], "space": "gpu"})  # tiny: 16 sequences per update
+    names = [s.name for s in make_slots(profile, load_recipe(["tiny"]))]
+    assert names[:6] == [
+        "s1-m8-eager",
+        "s1-m8-compile",
+        "s1-m16-compile",
+        "s1-m4-eager",
+        "s1-m4-compile",
+        "s1-m16-eager",
+    ]
+    assert not any("m32" in n for n in names)
+    assert names[6:] == [
+        "s2-r0-flash",
+        "s2-r0-cudnn",
+        "s2-r1-flash",
+        "s2-r1-cudnn",
+        "s3-r0-reduce-overhead",
+        "s3-r0-max-autotune",
+        "s4-r0-t1",
+        "s4-r0-t4",
+        "s4-r0-t8",
+    ]
+
+
+def test_cpu_space_varies_attention_precision_threads():
+    profile = profile_from_dict(
+        "c", {"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1, 2]}
+    )
+    slots = make_slots(profile, load_recipe(["tiny"]))
+    assert [s.name for s in slots] == [
+        "s1-m4-eager",
+        "s2-r0-math",
+        "s2-r0-reference",
+        "s2-r1-math",
+        "s2-r1-reference",
+        "s3-r0-bf16",
+        "s3-r0-fp32",
+        "s4-r0-t1",
+        "s4-r0-t2",
+    ]
+    assert slots[2].overrides == {"runtime.attention_backend": "reference"}
+    assert slots[5].overrides == {"runtime.cpu_amp": True}
+
+
+def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
+    plan = make_plan(gpu_profile(), worker_command=fake())
+    summary = tuner.run_all(plan, tmp_path / "out")
+    results = {r["name"]: r for r in tuner.collect_results(plan, tmp_path / "out")}
+    # stage 1: m16-compile (48) > m8-compile (24) > m8-eager (8) > m4-eager (4)
+    assert results["s2-r0-flash"]["parent"] == "s1-m16-compile"
+    assert results["s2-r1-cudnn"]["parent"] == "s1-m8-compile"
+    assert results["s2-r0-flash"]["tokens_per_second"] == pytest.approx(72.0)
+    assert results["s3-r0-max-autotune"]["parent"] == "s2-r0-flash"
+    # compile-mode changes do not change the fake's speed, so the flash candidate stays best
+    assert results["s4-r0-t4"]["parent"] == "s2-r0-flash"
+    # tiny runs with cpu_threads null, so t8 is a new candidate; t4 is the fastest overall
+    assert summary["selected"]["name"] == "s4-r0-t4"
+    assert summary["budget_exhausted"] is False
+    selected = load_recipe([str(tmp_path / "out" / "selected.yaml")])
+    assert selected.training.micro_batch_size == 16 and selected.runtime.compile is True
+    assert selected.runtime.sdpa_backend == "flash" and selected.runtime.cpu_threads == 4
+    assert summary["selected"]["settings"]["runtime.sdpa_backend"] == "flash"
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["done"] == progress["total"] == len(plan.slots)
+    assert len(calls(tmp_path)) == len(plan.slots)
+
+
+def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
+    plan = make_plan(
+        gpu_profile(sets=["training.batch_tokens=2048", "runtime.cpu_threads=8"]), worker_command=fake()
+    )
+    tuner.run_all(plan, tmp_path / "out")
+    t8 = json.loads((tmp_path / "out" / "candidates" / "s4-r0-t8.json").read_text())
+    assert t8["reused_from"] == "s2-r0-flash" and t8["wall_seconds"] == 0.0
+    assert t8["tokens_per_second"] == pytest.approx(72.0)
+    assert len(calls(tmp_path)) == len(plan.slots) - 1
+    assert [r["name"] for r in rank_results(tuner.collect_results(plan, tmp_path / "out"))].count(
+        "s4-r0-t8"
+    ) == 0
+
+
+def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake):
+    profile = gpu_profile(stage1=[[8, False], [16, True]], candidate_timeout_seconds=2.0, threads=[1])
+    plan = make_plan(profile, worker_command=fake(hang=["m8-eager"]))
+    start = time.monotonic()
+    tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
+    hung = json.loads((tmp_path / "out" / "candidates" / "s1-m8-eager.json").read_text())
+    assert hung["status"] == "timeout" and 2.0 <= hung["wall_seconds"] < 10
+    assert time.monotonic() - start < 15
+    child = int((tmp_path / "child.pid").read_text())
+    time.sleep(0.2)
+    assert not alive(child)  # the worker's own child died with its process group
+    result = tuner.run_candidate(plan, "s1-m16-compile", tmp_path / "out")
+    assert result["status"] == "ok"
+
+
+def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
+    profile = gpu_profile(budget_minutes=2.5 / 60, min_start_seconds=1.0, threads=[1])
+    plan = make_plan(profile, worker_command=fake(sleep=1.0))
+    summary = tuner.run_all(plan, tmp_path / "out")
+    statuses = [c["status"] for c in summary["candidates"]]
+    assert statuses[0] == "ok" and "skipped_budget" in statuses
+    first_skip = statuses.index("skipped_budget")
+    assert all(s in ("skipped_budget", "skipped") for s in statuses[first_skip:])
+    assert summary["budget_exhausted"] is True
+    assert summary["selected"]["name"] in [c["name"] for c in summary["candidates"][:first_skip]]
+
+
+def test_timeout_is_capped_by_budget_left(tmp_path: Path, fake):
+    profile = gpu_profile(budget_minutes=1.5 / 60, min_start_seconds=0.0, stage1=[[8, False]])
+    plan = make_plan(profile, worker_command=fake(hang=["m8-eager"]))
+    result = tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
+    assert result["status"] == "timeout" and result["timeout_seconds"] == pytest.approx(1.5)
+
+
+def test_no_success_fails_clearly_and_user_error_stops(tmp_path: Path, fake):
+    profile = gpu_profile(stage1=[[8, False]], threads=[1], compile_modes=[], attention_variants=["flash"])
+    plan = make_plan(profile, worker_command=fake(fail=["m8-eager", "m8-compile"]))
+    with pytest.raises(RunStateError, match="no tuning candidate of profile fakegpu succeeded"):
+        tuner.run_all(plan, tmp_path / "a")
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["selected"] is None
+    assert {c["status"] for c in summary["candidates"]} == {"failed", "skipped"}
+    plan = make_plan(profile, worker_command=fake(exit2=True))
+    with pytest.raises(TinyLLMError, match="expects a GH200 GPU"):
+        tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "b")
+
+
+def test_later_slot_needs_earlier_results(tmp_path: Path, fake):
+    plan = make_plan(gpu_profile(), worker_command=fake())
+    with pytest.raises(RunStateError, match="s1-m8-eager"):
+        tuner.run_candidate(plan, "s2-r0-flash", tmp_path / "out")

@@ -1,0 +1,1 @@
+"""Throughput: benchmark worker, tuning candidates and runner, MFU, profiling."""

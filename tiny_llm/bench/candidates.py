@@ -1,0 +1,327 @@
+"""Tuning profiles and the staged candidate plan (torch-free; the Snakefile imports it).
+
+A profile fixes a base recipe, a device kind and a candidate space. The plan is
+a fixed, ordered list of *slots*: stage 1 lists concrete settings, later stages
+apply variants to the parent of a given *rank* among everything measured
+before them (top 2, then the best). Because slots name ranks, not settings,
+every file of the tuning DAG is known before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
+from tiny_llm.errors import ConfigError
+from tiny_llm.io import canonical_json
+
+# The reference order of stage 1: (micro_batch_size, compiled).
+REFERENCE_STAGE1: tuple[tuple[int, bool], ...] = (
+    (8, False),
+    (8, True),
+    (16, True),
+    (4, False),
+    (4, True),
+    (16, False),
+    (32, False),
+    (32, True),
+)
+
+# Recipe keys the tuner varies; selected.yaml differs from the base recipe only here.
+TUNED_KEYS: tuple[str, ...] = (
+    "training.micro_batch_size",
+    "runtime.compile",
+    "runtime.compile_mode",
+    "runtime.sdpa_backend",
+    "runtime.attention_backend",
+    "runtime.cpu_amp",
+    "runtime.cpu_threads",
+)
+
+SpaceKind = Literal["gpu", "cpu"]
+STATUSES = ("ok", "memory_limit", "failed", "timeout", "skipped_budget", "skipped")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One change to a parent recipe, with a short file-name-safe label."""
+
+    label: str
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage: ``variants`` applied to each of the ``top_k`` best earlier candidates (0 = the base recipe)."""
+
+    name: str
+    top_k: int
+    variants: tuple[Variant, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One candidate job of the plan."""
+
+    name: str
+    stage: int
+    stage_name: str
+    parent_rank: int | None
+    """Rank (0 = best) among earlier stages' candidates; None = applied to the base recipe."""
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuningProfile:
+    """A resolved tuning profile (one entry of the workflow config's ``tuning.profiles``)."""
+
+    name: str
+    configs: tuple[str, ...]
+    """Recipe presets or YAML files, merged in order."""
+    sets: tuple[str, ...] = ()
+    """dotted.key=value overrides applied after ``configs``."""
+    space: SpaceKind = "gpu"
+    require_gpu_name: str | None = None
+    """The worker refuses a GPU whose name lacks this text (unless allow_other_gpu)."""
+    allow_other_gpu: bool = False
+    budget_minutes: float = 75.0
+    candidate_timeout_seconds: float = 600.0
+    min_start_seconds: float = 60.0
+    """No new candidate starts with less budget left than this."""
+    warmup: int = 20
+    steps: int = 100
+    windows: int = 3
+    data_mode: Literal["real", "synthetic"] = "real"
+    stage1: tuple[tuple[int, bool], ...] = REFERENCE_STAGE1
+    attention_variants: tuple[str, ...] | None = None
+    """Stage 2 labels; default flash/cudnn on GPU, math/reference on CPU."""
+    compile_modes: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+    cpu_amp_variants: tuple[bool, ...] = (True, False)
+    threads: tuple[int, ...] = (1, 4, 8)
+
+
+PROFILE_KEYS = frozenset(TuningProfile.__dataclass_fields__) - {"name"}
+
+
+def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
+    """Build a profile from its workflow-config mapping; ConfigError names a bad key."""
+    unknown = sorted(set(data) - PROFILE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"tuning.profiles.{name}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(PROFILE_KEYS))})"
+        )
+    kwargs: dict[str, Any] = dict(data)
+    configs = kwargs.get("configs")
+    if isinstance(configs, str):
+        kwargs["configs"] = (configs,)
+    if not kwargs.get("configs"):
+        raise ConfigError(f"tuning.profiles.{name}.configs: name at least one recipe preset or file")
+    for key in ("configs", "sets", "attention_variants", "compile_modes", "cpu_amp_variants", "threads"):
+        if kwargs.get(key) is not None:
+            kwargs[key] = tuple(kwargs[key])
+    if "stage1" in kwargs:
+        kwargs["stage1"] = tuple((int(m), bool(c)) for m, c in kwargs["stage1"])
+    profile = TuningProfile(name=name, **kwargs)
+    _check_profile(profile)
+    return profile
+
+
+def _check_profile(p: TuningProfile) -> None:
+    where = f"tuning.profiles.{p.name}"
+    if p.space not in ("gpu", "cpu"):
+        raise ConfigError(f"{where}.space: expected gpu or cpu, got {p.space!r}")
+    if p.data_mode not in ("real", "synthetic"):
+        raise ConfigError(f"{where}.data_mode: expected real or synthetic, got {p.data_mode!r}")
+    for key in ("budget_minutes", "candidate_timeout_seconds", "warmup", "steps", "windows"):
+        if not getattr(p, key) > 0:
+            raise ConfigError(f"{where}.{key}: must be > 0, got {getattr(p, key)}")
+    if p.min_start_seconds < 0:
+        raise ConfigError(f"{where}.min_start_seconds: must be >= 0, got {p.min_start_seconds}")
+    if any(t <= 0 for t in p.threads):
+        raise ConfigError(f"{where}.threads: every thread count must be > 0, got {list(p.threads)}")
+    if not p.stage1:
+        raise ConfigError(f"{where}.stage1: needs at least one (micro_batch_size, compile) pair")
+
+
+def base_recipe(profile: TuningProfile) -> RecipeConfig:
+    """The profile's recipe before any candidate change."""
+    return load_recipe(list(profile.configs), list(profile.sets))
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def _attention_variant(label: str) -> Variant:
+    if label == "reference":
+        return Variant("reference", {"runtime.attention_backend": "reference"})
+    if label not in ("auto", "flash", "cudnn", "efficient", "math"):
+        raise ConfigError(
+            f"tuning attention variant '{label}': expected auto, flash, cudnn, efficient, math or reference"
+        )
+    return Variant(label, {"runtime.attention_backend": "sdpa", "runtime.sdpa_backend": label})
+
+
+def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]:
+    """The profile's four stages; stage 1 skips micro batches larger than one update."""
+    stage1 = tuple(
+        Variant(
+            f"m{micro}-{'compile' if compiled else 'eager'}",
+            {"training.micro_batch_size": micro, "runtime.compile": compiled},
+        )
+        for micro, compiled in profile.stage1
+        if micro <= batch_sequences
+    )
+    if not stage1:
+        raise ConfigError(
+            f"tuning.profiles.{profile.name}.stage1: every micro batch exceeds the {batch_sequences} "
+            "sequences of one update (training.batch_tokens)"
+        )
+    default_attention = ("flash", "cudnn") if profile.space == "gpu" else ("math", "reference")
+    attention = tuple(_attention_variant(a) for a in (profile.attention_variants or default_attention))
+    threads = tuple(Variant(f"t{n}", {"runtime.cpu_threads": n}) for n in profile.threads)
+    if profile.space == "gpu":
+        third = StageSpec(
+            "compile_mode",
+            1,
+            tuple(
+                Variant(mode, {"runtime.compile": True, "runtime.compile_mode": mode})
+                for mode in profile.compile_modes
+            ),
+        )
+    else:
+        third = StageSpec(
+            "precision",
+            1,
+            tuple(Variant("bf16" if a else "fp32", {"runtime.cpu_amp": a}) for a in profile.cpu_amp_variants),
+        )
+    return [
+        StageSpec("micro_compile", 0, stage1),
+        StageSpec("attention", 2, attention),
+        third,
+        StageSpec("threads", 1, threads),
+    ]
+
+
+def make_slots(profile: TuningProfile, recipe: RecipeConfig) -> list[Slot]:
+    """Every candidate slot in run order."""
+    batch_sequences = recipe.training.batch_tokens // recipe.model.context_length
+    slots = []
+    for number, spec in enumerate(stage_specs(profile, batch_sequences), start=1):
+        ranks: list[int | None] = [None] if spec.top_k == 0 else list(range(spec.top_k))
+        for rank in ranks:
+            for variant in spec.variants:
+                prefix = f"s{number}" if rank is None else f"s{number}-r{rank}"
+                slots.append(Slot(f"{prefix}-{variant.label}", number, spec.name, rank, variant.overrides))
+    return slots
+
+
+def slot_names(profile: TuningProfile) -> list[str]:
+    """Slot names for the Snakefile (a static DAG)."""
+    return [s.name for s in make_slots(profile, base_recipe(profile))]
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Protocol:
+    """How every candidate is measured."""
+
+    warmup: int
+    steps: int
+    windows: int
+    data_mode: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything a candidate job needs; written once as plan.json."""
+
+    profile: str
+    space: str
+    base_recipe: dict[str, Any]
+    slots: list[Slot]
+    protocol: Protocol
+    budget_seconds: float
+    candidate_timeout_seconds: float
+    min_start_seconds: float
+    require_gpu_name: str | None = None
+    allow_other_gpu: bool = False
+    worker_command: list[str] = field(default_factory=list)
+    """Empty = this Python's ``-m tiny_llm benchmark-worker``; tests substitute a fake worker."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def slot(self, name: str) -> Slot:
+        for slot in self.slots:
+            if slot.name == name:
+                return slot
+        raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}")
+
+
+def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -> Plan:
+    recipe = base_recipe(profile)
+    return Plan(
+        profile=profile.name,
+        space=profile.space,
+        base_recipe=recipe_to_dict(recipe),
+        slots=make_slots(profile, recipe),
+        protocol=Protocol(
+            warmup=profile.warmup, steps=profile.steps, windows=profile.windows, data_mode=profile.data_mode
+        ),
+        budget_seconds=profile.budget_minutes * 60.0,
+        candidate_timeout_seconds=profile.candidate_timeout_seconds,
+        min_start_seconds=profile.min_start_seconds,
+        require_gpu_name=profile.require_gpu_name,
+        allow_other_gpu=profile.allow_other_gpu,
+        worker_command=list(worker_command or []),
+    )
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    slots = [Slot(**s) for s in data["slots"]]
+    return Plan(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
+
+
+# ----------------------------------------------------------------------------- recipes, identity, ranking
+
+
+def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Copy of a recipe dict with dotted-key overrides; validated as a recipe."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in recipe.items()}
+    for key, value in overrides.items():
+        section, name = key.split(".", 1)
+        data[section][name] = value
+    return recipe_to_dict(recipe_from_dict(data))
+
+
+def candidate_identity(recipe: dict[str, Any], protocol: Protocol) -> str:
+    """Two candidates with the same identity would measure the same thing: run one, reuse it."""
+    runtime = {k: v for k, v in recipe["runtime"].items() if k != "output_dir"}
+    payload = {"recipe": {**recipe, "runtime": runtime}, "protocol": asdict(protocol)}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def tuned_settings(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The tuned keys of a recipe dict (what the campaign takes from a tuning result)."""
+    out = {}
+    for key in TUNED_KEYS:
+        section, name = key.split(".", 1)
+        out[key] = recipe[section][name]
+    return out
+
+
+def rank_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Successful, distinct candidates, fastest first; ties keep run order (earlier wins)."""
+    seen: set[str] = set()
+    unique = []
+    for result in results:
+        if result.get("status") != "ok" or result["identity"] in seen:
+            continue
+        seen.add(result["identity"])
+        unique.append(result)
+    order = {id(r): i for i, r in enumerate(unique)}
+    return sorted(unique, key=lambda r: (-float(r["tokens_per_second"]), order[id(r)]))

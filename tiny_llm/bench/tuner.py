@@ -1,0 +1,353 @@
+"""Run one tuning candidate in its own process, and summarise a finished tuning.
+
+Each candidate runs the benchmark worker as a child process in its own process
+group, so a timeout (min(candidate timeout, budget left)) kills the worker and
+everything it started (compile workers included). The budget is accounted
+deterministically: the budget used before a slot is the sum of the wall times
+of the slots before it in plan order, so a rerun after an interruption sees the
+same numbers. Identical candidates (same identity) are reused, not re-run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tiny_llm.bench.candidates import (
+    Plan,
+    Slot,
+    apply_overrides,
+    candidate_identity,
+    rank_results,
+    tuned_settings,
+)
+from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
+
+KILL_GRACE_SECONDS = 5.0
+# Keys copied from the worker JSON into a candidate result.
+WORKER_SUMMARY_KEYS = (
+    "tokens_per_second",
+    "seconds_per_step",
+    "first_update_seconds",
+    "warmup_seconds",
+    "peak_memory_bytes",
+    "total_memory_bytes",
+    "mfu",
+    "attention_kernels",
+)
+
+
+def candidate_paths(results_dir: str | Path, slot: str) -> dict[str, Path]:
+    base = Path(results_dir) / "candidates"
+    return {
+        "result": base / f"{slot}.json",
+        "recipe": base / f"{slot}.yaml",
+        "worker": base / f"{slot}.worker.json",
+        "log": base / f"{slot}.log",
+    }
+
+
+def earlier_results(plan: Plan, results_dir: str | Path, slot: str) -> list[dict[str, Any]]:
+    """Results of every slot before ``slot`` in plan order (they must exist)."""
+    out = []
+    for other in plan.slots:
+        if other.name == slot:
+            return out
+        path = candidate_paths(results_dir, other.name)["result"]
+        if not path.is_file():
+            raise RunStateError(f"tuning result {path} is missing; run candidate {other.name} first")
+        out.append(read_json(path))
+    raise ConfigError(f"tuning slot '{slot}' is not in the plan of profile {plan.profile}")
+
+
+def budget_used(results: list[dict[str, Any]]) -> float:
+    return sum(float(r.get("wall_seconds") or 0.0) for r in results)
+
+
+def _parent(slot: Slot, plan: Plan, earlier: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    """(parent result, reason if missing); stage-1 slots have the base recipe as parent."""
+    if slot.parent_rank is None:
+        return None, ""
+    ranked = rank_results([r for r in earlier if r["stage"] < slot.stage])
+    if slot.parent_rank < len(ranked):
+        return ranked[slot.parent_rank], ""
+    return None, f"no successful candidate of rank {slot.parent_rank} before stage {slot.stage}"
+
+
+def _base_record(slot: Slot, parent: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "name": slot.name,
+        "stage": slot.stage,
+        "stage_name": slot.stage_name,
+        "parent_rank": slot.parent_rank,
+        "parent": parent["name"] if parent else None,
+        "overrides": slot.overrides,
+        "status": "skipped",
+        "error": None,
+        "tokens_per_second": None,
+        "wall_seconds": 0.0,
+        "reused_from": None,
+        "identity": None,
+        "settings": None,
+        "recipe": None,
+    }
+
+
+def run_candidate(plan: Plan, slot_name: str, results_dir: str | Path) -> dict[str, Any]:
+    """Measure (or reuse, or skip) one slot and write its result JSON; returns the result."""
+    slot = plan.slot(slot_name)
+    paths = candidate_paths(results_dir, slot.name)
+    earlier = earlier_results(plan, results_dir, slot.name)
+    parent, missing = _parent(slot, plan, earlier)
+    record = _base_record(slot, parent)
+    if missing:
+        record["error"] = missing
+        return _finish(plan, results_dir, paths, record)
+    start_recipe = parent["recipe"] if parent else plan.base_recipe
+    try:
+        recipe = apply_overrides(start_recipe, slot.overrides)
+    except ConfigError as exc:
+        record.update(status="failed", error=str(exc))
+        return _finish(plan, results_dir, paths, record)
+    identity = candidate_identity(recipe, plan.protocol)
+    record.update(identity=identity, settings=tuned_settings(recipe), recipe=recipe)
+    twin = next((r for r in earlier if r.get("identity") == identity), None)
+    if twin is not None:
+        return _finish(plan, results_dir, paths, _reuse(record, twin))
+    left = plan.budget_seconds - budget_used(earlier)
+    if left < plan.min_start_seconds:
+        record.update(status="skipped_budget", error=f"{max(left, 0):.0f} s of tuning budget left")
+        return _finish(plan, results_dir, paths, record)
+    timeout = min(plan.candidate_timeout_seconds, left)
+    atomic_write_text(paths["recipe"], yaml.safe_dump(recipe, sort_keys=False))
+    record.update(_measure(plan, paths, timeout))
+    return _finish(plan, results_dir, paths, record)
+
+
+def _reuse(record: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
+    copied = {k: twin.get(k) for k in ("status", "error", "tokens_per_second", *WORKER_SUMMARY_KEYS)}
+    return {**record, **copied, "reused_from": twin.get("reused_from") or twin["name"], "wall_seconds": 0.0}
+
+
+def worker_command(plan: Plan, paths: dict[str, Path]) -> list[str]:
+    base = plan.worker_command or [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
+    p = plan.protocol
+    cmd = [
+        *base,
+        "--config",
+        str(paths["recipe"]),
+        "--output",
+        str(paths["worker"]),
+        "--data-mode",
+        p.data_mode,
+        "--warmup",
+        str(p.warmup),
+        "--steps",
+        str(p.steps),
+        "--windows",
+        str(p.windows),
+    ]
+    if plan.require_gpu_name and not plan.allow_other_gpu:
+        cmd += ["--require-gpu-name", plan.require_gpu_name]
+    return cmd
+
+
+def _measure(plan: Plan, paths: dict[str, Path], timeout: float) -> dict[str, Any]:
+    """Run the worker with a timeout; translate its outcome into result fields."""
+    with contextlib.suppress(FileNotFoundError):
+        paths["worker"].unlink()  # a stale output must not pass for this run's
+    cmd = worker_command(plan, paths)
+    started = time.monotonic()
+    returncode, timed_out = run_process_group(cmd, paths["log"], timeout)
+    wall = time.monotonic() - started
+    fields: dict[str, Any] = {"wall_seconds": round(wall, 3), "timeout_seconds": round(timeout, 3)}
+    if timed_out:
+        return {**fields, "status": "timeout", "error": f"killed after the {timeout:.0f} s candidate timeout"}
+    if paths["worker"].is_file():
+        worker = read_json(paths["worker"])
+        summary = {k: worker.get(k) for k in WORKER_SUMMARY_KEYS}
+        return {**fields, **summary, "status": worker["status"], "error": worker.get("error")}
+    tail = _log_tail(paths["log"])
+    if returncode == 2:
+        # A user error (bad config, missing cache, wrong hardware) would hit every candidate: stop here.
+        raise TinyLLMError(f"benchmark worker refused candidate: {tail} (log {paths['log']})")
+    return {**fields, "status": "failed", "error": f"worker exited with code {returncode}: {tail}"}
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return "no output"
+    if not lines:
+        return "no output"
+    line = lines[-1]
+    return line[len("error: ") :] if line.startswith("error: ") else line
+
+
+def run_process_group(cmd: list[str], log_path: Path, timeout: float) -> tuple[int, bool]:
+    """Run ``cmd`` in a new session; on timeout or on our own interruption kill its whole group."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log, _terminate_raises():
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return proc.returncode, True
+        except BaseException:
+            kill_group(proc)
+            raise
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                # The leader exited; children it started may linger in the group.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """Turn SIGTERM (scancel, Snakemake stopping) into KeyboardInterrupt so the worker group is killed."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _finish(plan: Plan, results_dir: str | Path, paths: dict[str, Path], record: dict[str, Any]):
+    atomic_write_json(paths["result"], record)
+    write_progress(plan, results_dir)
+    return record
+
+
+# ----------------------------------------------------------------------------- progress and summary
+
+
+def collect_results(plan: Plan, results_dir: str | Path) -> list[dict[str, Any]]:
+    """Results that exist so far, in plan order."""
+    out = []
+    for slot in plan.slots:
+        path = candidate_paths(results_dir, slot.name)["result"]
+        if path.is_file():
+            out.append(read_json(path))
+    return out
+
+
+def _compact(result: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "name",
+        "stage",
+        "stage_name",
+        "parent",
+        "status",
+        "tokens_per_second",
+        "mfu",
+        "peak_memory_bytes",
+        "wall_seconds",
+        "reused_from",
+        "error",
+        "settings",
+    )
+    return {k: result.get(k) for k in keys}
+
+
+def write_progress(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+    results = collect_results(plan, results_dir)
+    used = budget_used(results)
+    ranked = rank_results(results)
+    progress = {
+        "profile": plan.profile,
+        "done": len(results),
+        "total": len(plan.slots),
+        "budget_seconds": plan.budget_seconds,
+        "budget_used_seconds": round(used, 3),
+        "budget_left_seconds": round(max(plan.budget_seconds - used, 0.0), 3),
+        "best": ranked[0]["name"] if ranked else None,
+        "candidates": [_compact(r) for r in results],
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_json(Path(results_dir) / "progress.json", progress)
+    return progress
+
+
+def summarize(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+    """summary.json content: {selected, candidates, budget_minutes, budget_exhausted, ...}."""
+    results = collect_results(plan, results_dir)
+    missing = [s.name for s in plan.slots if s.name not in {r["name"] for r in results}]
+    if missing:
+        raise RunStateError(f"tuning of profile {plan.profile} is incomplete: {', '.join(missing)} not run")
+    ranked = rank_results(results)
+    best = ranked[0] if ranked else None
+    return {
+        "profile": plan.profile,
+        "selected": None if best is None else _compact(best),
+        "candidates": [_compact(r) for r in results],
+        "budget_minutes": plan.budget_seconds / 60.0,
+        "budget_used_seconds": round(budget_used(results), 3),
+        "budget_exhausted": any(r["status"] == "skipped_budget" for r in results),
+        "protocol": {
+            "warmup": plan.protocol.warmup,
+            "steps": plan.protocol.steps,
+            "windows": plan.protocol.windows,
+            "data_mode": plan.protocol.data_mode,
+        },
+    }
+
+
+def select(plan: Plan, results_dir: str | Path, output_dir: str | Path | None = None) -> dict[str, Any]:
+    """Write summary.json, progress.json and selected.yaml (the fastest successful candidate's recipe)."""
+    out = Path(output_dir or results_dir)
+    summary = summarize(plan, results_dir)
+    atomic_write_json(out / "summary.json", summary)
+    write_progress(plan, results_dir)
+    if summary["selected"] is None:
+        raise RunStateError(
+            f"no tuning candidate of profile {plan.profile} succeeded; see {out / 'summary.json'} "
+            "and the logs in candidates/"
+        )
+    best_name = summary["selected"]["name"]
+    best = read_json(candidate_paths(results_dir, best_name)["result"])
+    header = (
+        f"# Tuning profile {plan.profile}: fastest successful candidate {best_name} "
+        f"({best['tokens_per_second']:.1f} tokens/s)\n"
+    )
+    atomic_write_text(out / "selected.yaml", header + yaml.safe_dump(best["recipe"], sort_keys=False))
+    return summary
+
+
+def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+    """The whole tuning in one process (each candidate still its own worker process)."""
+    for slot in plan.slots:
+        if not candidate_paths(results_dir, slot.name)["result"].is_file():
+            run_candidate(plan, slot.name, results_dir)
+    return select(plan, results_dir)
