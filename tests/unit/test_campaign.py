@@ -1,0 +1,272 @@
+"""Campaign planning, ranking, promotion and identity (torch-free, no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm import campaign
+from tiny_llm.budget import make_budget
+from tiny_llm.cli import main
+from tiny_llm.config import recipe_from_dict
+from tiny_llm.errors import ConfigError, RunStateError
+
+CLUSTER_SECTION = {
+    "stages": [
+        {"size": "20m", "lr": [3e-4, 1e-3, 3e-3], "weight_decay": [0.0, 0.1], "beta2": [0.95]},
+        {"size": "50m", "parents": 2, "beta2": [0.95, 0.99]},
+        {"size": "90m", "parents": 2},
+    ],
+    "batch_tokens": {"20m": 131072, "50m": 32768, "90m": 32768},
+    "throughput": {"20m": 1_636_281, "50m": 871_826, "90m": 508_930},
+}
+CLUSTER_SIZES = {name: {"preset": name} for name in ("20m", "50m", "90m")}
+
+
+def cluster(root: str = "results/campaign") -> campaign.CampaignConfig:
+    return campaign.parse_campaign(CLUSTER_SECTION, CLUSTER_SIZES, root)
+
+
+def tiny_config(tmp_path: Path, **section_extra) -> campaign.CampaignConfig:
+    """Three tiny sizes on a (fake) prepared cache under tmp_path."""
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "manifest.json").write_text(json.dumps({"identity": "cache-abc"}))
+    base = {"data": {"cache_dir": str(cache)}}
+    sizes = {
+        "s": {"preset": "tiny", "overrides": base},
+        "m": {"preset": "tiny", "overrides": {**base, "model": {"num_layers": 3}}},
+        "l": {"preset": "tiny", "overrides": {**base, "model": {"num_layers": 4}}},
+    }
+    section = {
+        "stages": [
+            {"size": "s", "lr": [3e-4, 1e-3, 3e-3], "weight_decay": [0.0, 0.1]},
+            {"size": "m", "parents": 2, "beta2": [0.95, 0.99]},
+            {"size": "l", "parents": 2},
+        ],
+        "overrides": {"training": {"checkpoint_policy": "interval"}},
+        **section_extra,
+    }
+    return campaign.parse_campaign(section, sizes, str(tmp_path / "campaign"))
+
+
+def test_cluster_campaign_has_the_twelve_reference_runs():
+    runs = campaign.planned_runs(cluster())
+    assert [r.run_id for r in runs["stage1"]] == [
+        "20m-lr0.0003-wd0",
+        "20m-lr0.0003-wd0.1",
+        "20m-lr0.001-wd0",
+        "20m-lr0.001-wd0.1",
+        "20m-lr0.003-wd0",
+        "20m-lr0.003-wd0.1",
+    ]
+    assert [r.run_id for r in runs["stage2"]] == [
+        "50m-parent0-beta2-0.95",
+        "50m-parent0-beta2-0.99",
+        "50m-parent1-beta2-0.95",
+        "50m-parent1-beta2-0.99",
+    ]
+    assert [r.run_id for r in runs["stage3"]] == ["90m-parent0", "90m-parent1"]
+    assert sum(len(v) for v in runs.values()) == 12
+
+
+def test_stage1_recipes_carry_grid_batch_and_run_dir():
+    config = cluster()
+    templates = campaign.load_templates(config)
+    recipes = campaign.stage1_recipes(config, templates["20m"])
+    recipe = recipes["20m-lr0.0003-wd0.1"]
+    assert recipe["optimizer"]["lr"] == 3e-4
+    assert recipe["optimizer"]["weight_decay"] == 0.1
+    assert recipe["optimizer"]["beta2"] == 0.95  # the grid's, not the preset's 0.98
+    assert recipe["training"]["batch_tokens"] == 131072
+    assert recipe["runtime"]["output_dir"] == "results/campaign/stage1/20m-lr0.0003-wd0.1"
+    assert recipe["model"]["num_layers"] == 8
+    assert recipe_from_dict(recipe).optimizer.lr == 3e-4  # a complete, valid recipe
+
+
+def outcome(run, loss, lr=1e-3, wd=0.1, beta2=0.95):
+    return campaign.RunOutcome(run, loss, lr, wd, beta2)
+
+
+def test_rank_by_loss_then_lr_then_decay_then_beta2():
+    runs = [
+        outcome("worse", 3.1),
+        outcome("high-lr", 3.0, lr=3e-3),
+        outcome("low-lr-high-wd", 3.0, lr=1e-3, wd=0.1),
+        outcome("low-lr-low-wd-high-b2", 3.0, lr=1e-3, wd=0.0, beta2=0.99),
+        outcome("low-lr-low-wd-low-b2", 3.0, lr=1e-3, wd=0.0, beta2=0.95),
+        outcome("best", 2.9, lr=3e-3),
+        outcome("no-loss", math.inf, lr=1e-4),
+    ]
+    ranked = [o.run_id for o in campaign.rank_runs(runs)]
+    assert ranked == [
+        "best",
+        "low-lr-low-wd-low-b2",
+        "low-lr-low-wd-high-b2",
+        "low-lr-high-wd",
+        "high-lr",
+        "worse",
+        "no-loss",
+    ]
+
+
+def test_final_loss_reads_full_validation_and_ranks_missing_last():
+    assert campaign.final_loss({"final_validation": {"loss": 3.25}}) == 3.25
+    assert campaign.final_loss({"final_validation": None}) == math.inf
+    assert campaign.final_loss({"best_subset_loss": 1.0}) == math.inf  # never the subset loss
+
+
+def test_children_copy_the_parents_whole_optimizer_block():
+    config = cluster()
+    templates = campaign.load_templates(config)
+    parent0 = {"optimizer": {**templates["50m"]["optimizer"], "lr": 3e-3, "eps": 1e-6, "grad_clip": 0.5}}
+    parent1 = {"optimizer": {**templates["50m"]["optimizer"], "lr": 3e-4, "weight_decay": 0.0}}
+    children = campaign.child_recipes(config, 1, templates["50m"], [parent0, parent1])
+    child = children["50m-parent0-beta2-0.99"]
+    assert child["optimizer"] == {**parent0["optimizer"], "beta2": 0.99}
+    assert children["50m-parent1-beta2-0.95"]["optimizer"]["weight_decay"] == 0.0
+    assert child["model"]["num_layers"] == 10 and child["training"]["batch_tokens"] == 32768
+    assert child["runtime"]["output_dir"] == "results/campaign/stage2/50m-parent0-beta2-0.99"
+    last = campaign.child_recipes(config, 2, templates["90m"], [child, parent1])
+    assert last["90m-parent0"]["optimizer"] == child["optimizer"]  # stage 3 copies without a grid
+    with pytest.raises(RunStateError, match="needs 2 parents"):
+        campaign.child_recipes(config, 2, templates["90m"], [child])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda s: s["stages"][0].update(size="7m"), "unknown size '7m'"),
+        (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 runs of stage1"),
+        (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), "expected finite numbers"),
+        (lambda s: s["stages"][0].update(lr=[0.0]), "expected positive numbers"),
+        (lambda s: s["stages"][1].update(lr=[1e-3]), "unknown key"),
+        (lambda s: s["batch_tokens"].update({"1b": 4}), "not in campaign.stages"),
+        (lambda s: s.update(stages=[]), "non-empty list"),
+    ],
+)
+def test_bad_campaign_settings_are_rejected(mutate, message):
+    section = json.loads(json.dumps(CLUSTER_SECTION))
+    mutate(section)
+    with pytest.raises(ConfigError, match=message):
+        campaign.parse_campaign(section, CLUSTER_SIZES, "results/campaign")
+
+
+def test_settings_round_trip():
+    config = cluster()
+    again = campaign.config_from_settings(json.loads(json.dumps(campaign.settings_dict(config))))
+    assert again == config
+
+
+def test_gpu_hour_estimate_is_runs_times_tokens_over_rate():
+    config = cluster()
+    templates = campaign.load_templates(config)
+    estimate = campaign.gpu_hour_estimate(config, templates, config.throughput)
+    first = estimate["stages"][0]
+    tokens = make_budget(recipe_from_dict(templates["20m"])).tokens
+    assert first["runs"] == 6 and first["tokens_per_run"] == tokens
+    assert first["gpu_hours"] == pytest.approx(6 * tokens / 1_636_281 / 3600)
+    assert estimate["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in estimate["stages"]))
+    unknown = campaign.gpu_hour_estimate(config, templates, {"20m": 1e6})
+    assert unknown["total_gpu_hours"] is None and unknown["stages"][1]["gpu_hours"] is None
+
+
+def test_tuning_result_sets_micro_and_compile_but_not_numerics(tmp_path):
+    tuned = tmp_path / "cpu-tuning" / "selected.yaml"
+    tuned.parent.mkdir()
+    recipe = campaign.size_base({"preset": "tiny"}, "s")
+    recipe["training"].update(micro_batch_size=4, batch_tokens=512)
+    recipe["runtime"].update(compile=True, cpu_threads=2)
+    recipe["optimizer"]["lr"] = 0.5
+    tuned.write_text(yaml.safe_dump(recipe))
+    (tuned.parent / "summary.json").write_text(json.dumps({"selected": {"tokens_per_second": 1234.5}}))
+    config = tiny_config(tmp_path, tuning={"s": str(tuned)})
+    templates = campaign.load_templates(config)
+    s = templates["s"]
+    assert s["training"]["micro_batch_size"] == 4 and s["runtime"]["compile"] is True
+    assert s["runtime"]["cpu_threads"] == 2
+    assert s["training"]["batch_tokens"] == 1024 and s["optimizer"]["lr"] == 0.003  # numerics untouched
+    assert templates["m"]["training"]["micro_batch_size"] == 8  # untuned sizes keep the preset
+    assert campaign.make_plan(config).estimate["stages"][0]["tokens_per_second"] == 1234.5
+    other = tiny_config(tmp_path, tuning={"m": str(tuned)})  # a 2-layer result for the 3-layer size
+    with pytest.raises(ConfigError, match=r"campaign.tuning.m: .* tuned another model shape"):
+        campaign.load_templates(other)
+
+
+def run_cli(*args: str) -> int:
+    return main(list(args))
+
+
+def settings_arg(config: campaign.CampaignConfig) -> str:
+    return json.dumps(campaign.settings_dict(config))
+
+
+def fake_results(config: campaign.CampaignConfig, stage: str, losses: dict[str, float]) -> None:
+    for run_id, loss in losses.items():
+        run = Path(campaign.run_dir(config, stage, run_id))
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "result.json").write_text(json.dumps({"final_validation": {"loss": loss}}))
+
+
+def test_plan_select_rank_through_the_cli(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    settings = settings_arg(config)
+    assert run_cli("campaign", "plan", "--settings", settings) == 0
+    assert "campaign total: unknown" in capsys.readouterr().out  # no throughput configured
+    root = Path(config.root)
+    record = json.loads((root / "campaign.json").read_text())
+    assert record["cache_identities"] == {"s": "cache-abc", "m": "cache-abc", "l": "cache-abc"}
+    assert [len(s["runs"]) for s in record["stages"]] == [6, 4, 2]
+    assert len(list((root / "recipes" / "stage1").glob("*.yaml"))) == 6
+    # stage 1 not finished -> select refuses, naming the missing file
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 2
+    assert "stage1 is not finished" in capsys.readouterr().err
+    losses = {"s-lr0.0003-wd0": 5.0, "s-lr0.0003-wd0.1": 4.0, "s-lr0.001-wd0": 3.5}
+    losses |= {"s-lr0.001-wd0.1": 3.5, "s-lr0.003-wd0": 4.5, "s-lr0.003-wd0.1": 6.0}
+    fake_results(config, "stage1", losses)
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 0
+    ranking = json.loads((root / "stage1" / "ranking.json").read_text())
+    assert [r["run"] for r in ranking[:3]] == ["s-lr0.001-wd0", "s-lr0.001-wd0.1", "s-lr0.0003-wd0.1"]
+    child = yaml.safe_load((root / "recipes" / "stage2" / "m-parent1-beta2-0.99.yaml").read_text())
+    assert child["optimizer"]["lr"] == 1e-3 and child["optimizer"]["weight_decay"] == 0.1
+    assert child["optimizer"]["beta2"] == 0.99 and child["model"]["num_layers"] == 3
+    assert child["training"]["checkpoint_policy"] == "interval"
+    fake_results(config, "stage2", {r: 3.0 + i for i, r in enumerate(record["stages"][1]["runs"])})
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "3") == 0
+    fake_results(config, "stage3", {"l-parent0": 2.5, "l-parent1": 2.4})
+    assert run_cli("campaign", "rank", "--settings", settings, "--stage", "3") == 0
+    final = json.loads((root / "stage3" / "ranking.json").read_text())
+    assert [r["run"] for r in final] == ["l-parent1", "l-parent0"]
+
+
+def test_changed_settings_are_rejected(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    assert run_cli("campaign", "plan", "--settings", settings_arg(config)) == 0
+    assert run_cli("campaign", "plan", "--settings", settings_arg(config)) == 0  # same settings: fine
+    campaign.precheck(config)
+    changed = tiny_config(tmp_path, overrides={"optimizer": {"min_lr_ratio": 0.2}})
+    with pytest.raises(campaign.CampaignChangedError, match="min_lr_ratio"):
+        campaign.precheck(changed)
+    assert run_cli("campaign", "plan", "--settings", settings_arg(changed)) == 2
+    err = capsys.readouterr().err
+    assert "campaign settings changed; use a new output directory" in err and "min_lr_ratio" in err
+    # execution-only settings (threads, checkpointing) do not change the campaign
+    same = tiny_config(
+        tmp_path, overrides={"training": {"checkpoint_policy": "all"}, "runtime": {"cpu_threads": 1}}
+    )
+    campaign.precheck(same)
+    # neither does a different cache
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"identity": "cache-other"}))
+    with pytest.raises(campaign.CampaignChangedError, match="cache_identities"):
+        campaign.precheck(config)
+
+
+def test_plan_without_a_prepared_cache_says_so(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    (tmp_path / "cache" / "manifest.json").unlink()
+    assert run_cli("campaign", "plan", "--settings", settings_arg(config)) == 2
+    assert "token cache not prepared" in capsys.readouterr().err

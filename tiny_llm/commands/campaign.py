@@ -1,0 +1,93 @@
+"""`campaign plan|select|rank`: the steps of the staged recipe campaign (what the workflow's rules call).
+
+- ``plan``: validate the settings, build each size's template recipe, check (or record) the campaign
+  identity, write campaign.json (with the GPU-hour estimate) and the stage-1 recipes.
+- ``select --stage N``: rank stage N-1 by final validation loss and write stage N's recipes.
+- ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tiny_llm import campaign
+from tiny_llm.errors import ConfigError
+from tiny_llm.io import atomic_write_json, atomic_write_yaml
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("plan", "select", "rank"))
+    parser.add_argument(
+        "--settings",
+        required=True,
+        metavar="JSON",
+        help="campaign settings as JSON text or a .json file (root, stages, sizes, overrides, ...)",
+    )
+    parser.add_argument("--stage", type=int, help="1-based stage number (select: the stage to create)")
+
+
+def _settings(text: str) -> dict[str, Any]:
+    source = text
+    if text.endswith(".json") and Path(text).is_file():
+        source = Path(text).read_text(encoding="utf-8")
+    try:
+        data = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--settings: not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(data, dict) or not {"root", "stages", "sizes"} <= set(data):
+        raise ConfigError("--settings: expected a JSON object with root, stages and sizes")
+    return data
+
+
+def plan(config: campaign.CampaignConfig) -> None:
+    result = campaign.make_plan(config)
+    root = Path(config.root)
+    if not campaign.check_unchanged(root, result.payload):
+        atomic_write_json(root / campaign.IDENTITY_FILE, campaign.identity_record(result.payload))
+    for size, template in result.templates.items():
+        atomic_write_yaml(campaign.template_path(config, size), template)
+    first = campaign.stage_name(0)
+    for run_id, recipe in result.stage1.items():
+        atomic_write_yaml(campaign.recipe_path(config, first, run_id), recipe)
+    atomic_write_json(root / "campaign.json", campaign.campaign_record(config, result))
+    print(campaign.describe_estimate(result.estimate))
+
+
+def _stage_index(config: campaign.CampaignConfig, stage: int | None, first: int) -> int:
+    if stage is None or not first <= stage <= len(config.stages):
+        raise ConfigError(f"--stage: expected a stage number in {first}..{len(config.stages)}, got {stage}")
+    return stage - 1
+
+
+def select(config: campaign.CampaignConfig, stage: int | None) -> None:
+    index = _stage_index(config, stage, 2)
+    ranked, recipes = campaign.select_children(config, index)
+    previous = campaign.stage_name(index - 1)
+    atomic_write_json(campaign.ranking_path(config, previous), campaign.ranking_rows(ranked))
+    for run_id, recipe in recipes.items():
+        atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe)
+    promoted = ", ".join(o.run_id for o in ranked[: config.stages[index].parents])
+    print(f"{previous} best: {ranked[0].run_id} (loss {ranked[0].loss:.6f}); promoted: {promoted}")
+
+
+def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
+    index = _stage_index(config, stage, 1)
+    ranked = campaign.rank_stage(config, index)
+    atomic_write_json(
+        campaign.ranking_path(config, campaign.stage_name(index)), campaign.ranking_rows(ranked)
+    )
+    print(f"{campaign.stage_name(index)} best: {ranked[0].run_id} (loss {ranked[0].loss:.6f})")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = campaign.config_from_settings(_settings(args.settings))
+    if args.action == "plan":
+        plan(config)
+    elif args.action == "select":
+        select(config, args.stage)
+    else:
+        rank(config, args.stage)
+    return 0
