@@ -19,6 +19,8 @@ from tiny_llm.errors import TinyLLMError
 COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("tiny_llm.commands.describe", "print a recipe's parameters, budget and cache needs as JSON"),
     "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),
+    "campaign": ("tiny_llm.commands.campaign", "plan / select / rank the stages of the recipe campaign"),
+    "report": ("tiny_llm.commands.report", "comparison table, JSON, learning curves and best recipes of runs"),
 }
 
 
