@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),
     "campaign": ("tiny_llm.commands.campaign", "plan / select / rank the stages of the recipe campaign"),
     "report": ("tiny_llm.commands.report", "comparison table, JSON, learning curves and best recipes of runs"),
+    "benchmark-worker": ("tiny_llm.commands.benchmark_worker", "measure training throughput of a recipe"),
+    "tune": ("tiny_llm.commands.tune", "staged throughput tuner: plan, candidate, select, run"),
 }
 
 
