@@ -118,14 +118,23 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _shape_key(recipe: dict[str, Any]) -> tuple | None:
+    """Model shape plus the number of packed models (packed presets share their base shape)."""
+    model = recipe.get("model") or {}
+    if not all(k in model for k in SHAPE_KEYS):
+        return None
+    packed = (recipe.get("decentralized") or {}).get("num_models", 1)
+    return (*(model[k] for k in SHAPE_KEYS), packed)
+
+
 def _preset_shapes() -> dict[tuple, str]:
     shapes = {}
     folder = resources.files("tiny_llm") / "presets"
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".yaml"):
-            model = (yaml.safe_load(item.read_text(encoding="utf-8")) or {}).get("model") or {}
-            if all(k in model for k in SHAPE_KEYS):
-                shapes.setdefault(tuple(model[k] for k in SHAPE_KEYS), item.name[: -len(".yaml")])
+            key = _shape_key(yaml.safe_load(item.read_text(encoding="utf-8")) or {})
+            if key is not None:
+                shapes.setdefault(key, item.name[: -len(".yaml")])
     return shapes
 
 
@@ -140,11 +149,10 @@ def _campaign_sizes(runs_dir: Path) -> dict[str, str]:
 def _size_of(run: str, recipe: dict[str, Any], sizes: dict[str, str], shapes: dict[tuple, str]) -> str:
     if run in sizes:
         return sizes[run]
-    model = recipe.get("model") or {}
-    if all(k in model for k in SHAPE_KEYS):
-        shape = tuple(model[k] for k in SHAPE_KEYS)
-        return shapes.get(shape, f"{model['num_layers']}x{model['width']}")
-    return "unknown"
+    key = _shape_key(recipe)
+    if key is None:
+        return "unknown"
+    return shapes.get(key, f"{recipe['model']['num_layers']}x{recipe['model']['width']}")
 
 
 def _load_recipe(run_dir: Path) -> dict[str, Any]:
@@ -229,11 +237,13 @@ def table_cells(row: dict[str, Any]) -> list[str]:
 
 
 def best_per_size(records: list[RunRecord]) -> dict[str, RunRecord]:
-    """Size -> its best finished run (records are already in rank order within each stage)."""
+    """Size -> its best run with a final loss, sizes in the order they first appear."""
     best: dict[str, RunRecord] = {}
-    for rec in sorted(records, key=lambda r: r.sort_key()[1]):
-        if rec.loss is not None:
-            best.setdefault(rec.preset, rec)
+    for rec in records:
+        if rec.loss is not None and (
+            rec.preset not in best or rec.sort_key()[1] < best[rec.preset].sort_key()[1]
+        ):
+            best[rec.preset] = rec
     return best
 
 

@@ -1,0 +1,138 @@
+"""Report files from fake (but real-format) run directories."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm.cli import main
+from tiny_llm.config import load_recipe, recipe_to_dict
+from tiny_llm.errors import DataError
+from tiny_llm.report import GIB, TABLE_HEADER, collect_runs, write_report
+
+
+def make_run(
+    root: Path, stage: str, run: str, *, loss, lr, wd=0.1, beta2=0.95, layers=2, rates=(100.0, 300.0, 200.0)
+):
+    run_dir = root / stage / run
+    run_dir.mkdir(parents=True)
+    recipe = recipe_to_dict(
+        load_recipe(
+            ["tiny"],
+            [f"optimizer.lr={lr}", f"optimizer.weight_decay={wd}", f"optimizer.beta2={beta2}"]
+            + [f"model.num_layers={layers}", f"runtime.output_dir={run_dir}"],
+        )
+    )
+    (run_dir / "resolved.yaml").write_text(yaml.safe_dump(recipe))
+    rows = [
+        {"event": "train", "step": 5 * (i + 1), "tokens": 5120 * (i + 1), "tokens_per_second": r}
+        for i, r in enumerate(rates)
+    ]
+    rows += [
+        {"event": "validation", "split": "subset", "tokens": t, "loss": loss + 1.0 / t * 1e4}
+        for t in (8192, 16384)
+    ]
+    rows += [{"event": "final_validation", "split": "full", "tokens": 16384, "loss": loss}]
+    text = "\n".join(json.dumps(r) for r in rows) + '\n{"event": "tra'  # a torn last line
+    (run_dir / "metrics.jsonl").write_text(text)
+    result = {
+        "parameters": 100_000 * layers,
+        "tokens": 16384,
+        "final_validation": {"loss": loss, "split": "full"},
+        "training_tokens_per_second": 999.0,
+        "peak_memory_bytes": 3 * GIB // 2,
+    }
+    (run_dir / "result.json").write_text(json.dumps(result))
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "campaign"
+    make_run(root, "stage1", "s-lr0.001-wd0.1", loss=4.0, lr=1e-3)
+    make_run(root, "stage1", "s-lr0.003-wd0.1", loss=4.0, lr=3e-3)  # tie: higher lr ranks second
+    make_run(root, "stage1", "s-lr0.0003-wd0", loss=3.5, lr=3e-4, wd=0.0)
+    make_run(root, "stage2", "m-parent0", loss=3.2, lr=3e-4, wd=0.0, beta2=0.99, layers=3, rates=(50.0,))
+    make_run(root, "stage2", "m-parent1", loss=3.1, lr=1e-3, layers=3, rates=())
+    (root / "stage1" / "ranking.json").write_text("[]")  # not a run: ignored
+    stages = [
+        {"stage": "stage1", "size": "s", "runs": ["s-lr0.001-wd0.1", "s-lr0.003-wd0.1", "s-lr0.0003-wd0"]},
+        {"stage": "stage2", "size": "m", "runs": ["m-parent0", "m-parent1"]},
+    ]
+    (root / "campaign.json").write_text(json.dumps({"stages": stages}))
+    return root
+
+
+def parse_table(markdown: str) -> list[list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(TABLE_HEADER)
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_rows_are_ordered_by_stage_then_rank(runs):
+    records = collect_runs(runs)
+    assert [r.run for r in records] == [
+        "s-lr0.0003-wd0",
+        "s-lr0.001-wd0.1",
+        "s-lr0.003-wd0.1",
+        "m-parent1",
+        "m-parent0",
+    ]
+    first = records[0]
+    assert (first.stage, first.preset, first.parameters, first.lr, first.weight_decay) == (
+        "stage1",
+        "s",
+        200_000,
+        3e-4,
+        0.0,
+    )
+    assert first.median_tokens_per_second == 200.0  # median of the train rows, torn line ignored
+    assert records[3].median_tokens_per_second == 999.0  # no train rows -> result.json's figure
+    assert first.curve == [(8192, pytest.approx(3.5 + 1e4 / 8192)), (16384, pytest.approx(3.5 + 1e4 / 16384))]
+
+
+def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", "--runs", str(runs), "--output-dir", str(out), "--require-size", "s"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"] == {"s": "s-lr0.0003-wd0", "m": "m-parent1"}
+    rows = json.loads((out / "comparison.json").read_text())
+    keys = ["run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens"]
+    assert list(rows[0]) == keys + ["median_tokens_per_second", "peak_memory_bytes"]
+    table = parse_table((out / "report.md").read_text())
+    assert len(table) == len(rows) == 5
+    for cells, row in zip(table, rows, strict=True):
+        assert cells[0] == row["run"]
+        assert int(cells[1].replace(",", "")) == row["parameters"]
+        assert [float(c) for c in cells[2:5]] == pytest.approx([row["lr"], row["weight_decay"], row["beta2"]])
+        assert float(cells[5]) == pytest.approx(row["loss"], abs=5e-7)
+        assert int(cells[6].replace(",", "")) == row["tokens"]
+        assert float(cells[7].replace(",", "")) == pytest.approx(row["median_tokens_per_second"], abs=0.5)
+        assert float(cells[8]) == pytest.approx(row["peak_memory_bytes"] / GIB, abs=0.005)
+    png = (out / "learning-curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    selected = yaml.safe_load((out / "selected-m.yaml").read_text())
+    assert selected["model"]["num_layers"] == 3 and selected["optimizer"]["lr"] == 1e-3
+    assert load_recipe([str(out / "selected-s.yaml")]).optimizer.lr == 3e-4  # a usable recipe
+    assert re.search(r"- s: `s-lr0.0003-wd0`", (out / "report.md").read_text())
+
+
+def test_sizes_without_campaign_json_come_from_preset_shapes(runs, tmp_path):
+    (runs / "campaign.json").unlink()
+    presets = {r.run: r.preset for r in collect_runs(runs)}
+    assert presets["s-lr0.001-wd0.1"] == "tiny"  # the tiny preset's exact shape
+    assert presets["m-parent0"] == "3x64"  # no preset has it: layers x width
+
+
+def test_missing_runs_or_required_size_are_clear_errors(runs, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="no finished runs"):
+        collect_runs(empty)
+    with pytest.raises(DataError, match="runs directory not found"):
+        collect_runs(tmp_path / "nowhere")
+    with pytest.raises(DataError, match="size\\(s\\) l"):
+        write_report(runs, tmp_path / "out", ["s", "l"])
