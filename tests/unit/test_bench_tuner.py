@@ -22,8 +22,8 @@ FAKE_WORKER = textwrap.dedent(
     import argparse, json, os, subprocess, sys, time
     import yaml
     p = argparse.ArgumentParser()
-    for a in ("--config", "--output", "--data-mode", "--warmup", "--steps", "--windows", "--require-gpu-name"):
-        p.add_argument(a)
+    for a in ("config", "output", "data-mode", "warmup", "steps", "windows", "require-gpu-name"):
+        p.add_argument("--" + a)
     args = p.parse_args()
     knobs = json.loads(os.environ.get("FAKE_WORKER", "{}"))
     r = yaml.safe_load(open(args.config))

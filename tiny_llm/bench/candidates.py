@@ -54,7 +54,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """A stage: ``variants`` applied to each of the ``top_k`` best earlier candidates (0 = the base recipe)."""
+    """``variants`` applied to each of the ``top_k`` best earlier candidates (top_k 0: the base recipe)."""
 
     name: str
     top_k: int

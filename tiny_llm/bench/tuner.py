@@ -351,3 +351,36 @@ def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
         if not candidate_paths(results_dir, slot.name)["result"].is_file():
             run_candidate(plan, slot.name, results_dir)
     return select(plan, results_dir)
+
+
+def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
+    """Bar chart of candidate throughput per stage (failed/skipped candidates shown at zero, labelled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    candidates = summary["candidates"]
+    stages = sorted({c["stage"] for c in candidates})
+    fig, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages) + 1, 4), squeeze=False, sharey=True)
+    selected = (summary.get("selected") or {}).get("name")
+    for ax, stage in zip(axes[0], stages, strict=True):
+        rows = [c for c in candidates if c["stage"] == stage]
+        values = [c["tokens_per_second"] or 0.0 if c["status"] == "ok" else 0.0 for c in rows]
+        colors = ["tab:green" if c["name"] == selected else "tab:blue" for c in rows]
+        bars = ax.bar(range(len(rows)), values, color=colors)
+        for bar, c in zip(bars, rows, strict=True):
+            if c["status"] != "ok":
+                ax.text(
+                    bar.get_x() + bar.get_width() / 2, 0, c["status"], rotation=90, ha="center", va="bottom"
+                )
+        ax.set_xticks(range(len(rows)), [c["name"].split("-", 1)[1] for c in rows], rotation=60, ha="right")
+        ax.set_title(f"stage {stage}: {rows[0]['stage_name']}")
+    axes[0][0].set_ylabel("tokens/s (median window)")
+    fig.suptitle(f"tuning {summary['profile']} (selected: {selected})")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
