@@ -1,0 +1,40 @@
+# tiny-llm: corpus -> tokenizer -> token cache -> training runs (and tuning, campaign, packed stages) -> report.
+# `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "workflow_config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+
+
+validate_workflow_config(config, "schemas/workflow_config.schema.yaml")
+
+
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/campaign.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        default_targets(),
+
+
+rule data:
+    input:
+        cache_dir(),
+
+
+rule runs:
+    input:
+        run_results(),
+        run_evaluations(),

@@ -1,0 +1,51 @@
+# Data stage: embedded corpus -> tokenizer -> token cache ("C4 caching").
+# For the real C4 the same prepare_cache rule streams allenai/c4 with a hub tokenizer (config/cluster.yaml).
+
+
+rule build_corpus:
+    output:
+        directory(CORPUS_DIR),
+    params:
+        validation_fraction=config["data"]["validation_fraction"],
+    log:
+        "logs/build_corpus/corpus.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m tiny_llm build-demo-corpus --output {output} "
+        "--validation-fraction {params.validation_fraction} > {log} 2>&1"
+
+
+rule train_tokenizer:
+    input:
+        corpus=corpus_dataset(),
+    output:
+        directory(TOKENIZER_DIR),
+    params:
+        vocab_size=tokenizer_vocab_size() if config["data"]["tokenizer"] == "train" else 0,
+    log:
+        "logs/train_tokenizer/tokenizer.log",
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m tiny_llm train-tokenizer --input {input.corpus} --vocab-size {params.vocab_size} "
+        "--output {output} > {log} 2>&1"
+
+
+rule prepare_cache:
+    input:
+        unpack(prepare_inputs),
+    output:
+        directory(cache_dir()),
+    params:
+        recipe=prepare_args,
+    log:
+        "logs/prepare_cache/cache.log",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=prepare_runtime,
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m tiny_llm prepare {params.recipe} > {log} 2>&1"

@@ -1,0 +1,99 @@
+"""Static checks of the workflow: lint, dry runs of the full DAGs, config validation. No job runs here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from workflow_helpers import REPO, SNAKEFILE, snakemake, tiny_config, write_config
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run: rule -> number of jobs."""
+    table = output.split("Job stats:", 1)[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def test_lint_is_clean(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "--lint")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
+
+
+def test_default_target_is_the_embedded_demo(tmp_path: Path) -> None:
+    """Shipped config: corpus -> tokenizer -> cache -> every demo run, evaluated and plotted."""
+    proc = snakemake(tmp_path, None, "-n", "--configfile", str(REPO / "workflow_config.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    demo_runs = len(_load_yaml(REPO / "workflow_config.yaml")["runs"])
+    assert counts["build_corpus"] == counts["train_tokenizer"] == counts["prepare_cache"] == 1
+    assert counts["train_run"] >= demo_runs and counts["evaluate_run"] == demo_runs
+    assert counts["plot_curves"] == 1 and counts["all"] == 1
+    assert "python -m tiny_llm build-demo-corpus" in proc.stdout
+
+
+def test_cluster_config_streams_c4_without_building_a_corpus(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, REPO / "config" / "cluster.yaml", "-n", "runs", "data")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert "build_corpus" not in counts and "train_tokenizer" not in counts
+    assert counts["prepare_cache"] == 1
+    prepare = next(line for line in proc.stdout.splitlines() if "tiny_llm prepare" in line)
+    assert "--set data.dataset=allenai/c4 " in prepare
+    assert "1588ec454efa1a09f29cd18ddd04fe05fc8653a2" in prepare
+    # The 20m run needs the GPU resource; the training rules carry it, the profile decides how many.
+    assert re.search(r"rule train_run:(.|\n)*?resources:.*gpu=1", proc.stdout)
+
+
+def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
+    """Parsing and planning stay torch-free (fast on a login node and in CI)."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from snakemake.cli import main\n"
+        f"sys.argv = ['snakemake', '-n', '--snakefile', {str(SNAKEFILE)!r}, "
+        f"'--directory', {str(tmp_path)!r}, '--configfile', {str(REPO / 'workflow_config.yaml')!r}]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_schema_rejects_a_typo_with_one_clear_line(tmp_path: Path) -> None:
+    config = tiny_config()
+    config["runz"] = config.pop("runs")
+    config["data"]["cach_dir"] = "x"
+    proc = snakemake(tmp_path, write_config(tmp_path / "typo.yaml", config), "-n")
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "(top level): unknown key 'runz' (did you mean 'runs'?)" in text
+    assert "data: unknown key 'cach_dir' (did you mean 'cache_dir'?)" in text
+    assert "typo.yaml" in text
+
+
+def test_schema_rejects_wrong_types_and_unknown_sizes(tmp_path: Path) -> None:
+    config = tiny_config(bad={"size": "huge"})
+    config["sizes"]["tiny"]["threads"] = "four"
+    proc = snakemake(tmp_path, write_config(tmp_path / "bad.yaml", config), "-n")
+    assert proc.returncode != 0
+    assert "sizes.tiny.threads: 'four' is not of type 'integer'" in proc.stdout + proc.stderr
+
+    config = tiny_config(bad={"size": "huge"})
+    proc = snakemake(tmp_path, write_config(tmp_path / "size.yaml", config), "-n")
+    assert proc.returncode != 0
+    assert "runs.bad.size: unknown size 'huge'; sizes: tiny" in proc.stdout + proc.stderr
+
+
+def test_recipe_overrides_are_validated_when_the_workflow_is_parsed(tmp_path: Path) -> None:
+    config = tiny_config(a={"size": "tiny", "overrides": {"optimizer": {"lrr": 0.1}}})
+    proc = snakemake(tmp_path, write_config(tmp_path / "recipe.yaml", config), "-n")
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "runs.a: invalid recipe: optimizer.lrr: unknown key (did you mean 'lr'?)" in text
+
+
+def _load_yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text(encoding="utf-8"))

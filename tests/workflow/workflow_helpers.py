@@ -1,0 +1,53 @@
+"""Helpers for the workflow tests: run snakemake on the repository's Snakefile in a scratch directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEFILE = REPO / "Snakefile"
+
+
+def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> list[str]:
+    """A snakemake call on the repository's Snakefile with ``workdir`` as working directory."""
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
+    if configfile is not None:
+        cmd += ["--configfile", str(configfile), "--replace-workflow-config"]
+    return cmd + list(args)
+
+
+def snakemake(
+    workdir: Path, configfile: Path | None, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        snakemake_command(workdir, configfile, *args),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def tiny_config(**runs: dict) -> dict:
+    """A workflow config on the `tiny` preset: embedded corpus, trained 512-token tokenizer, 1-thread jobs."""
+    return {
+        "data": {"corpus": "embedded", "validation_fraction": 0.05, "tokenizer": "train"},
+        "sizes": {"tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}},
+        "recipe_defaults": {
+            "training": {"checkpoint_policy": "interval", "checkpoint_every": 4, "log_every": 1}
+        },
+        "runs": runs or {"tiny-a": {"size": "tiny"}},
+    }
