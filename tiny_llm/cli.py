@@ -19,6 +19,9 @@ from tiny_llm.errors import TinyLLMError
 COMMANDS: dict[str, tuple[str, str]] = {
     "describe": ("tiny_llm.commands.describe", "print a recipe's parameters, budget and cache needs as JSON"),
     "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),
+    "build-demo-corpus": ("tiny_llm.commands.build_demo_corpus", "write the demo corpus as C4-format shards"),
+    "train-tokenizer": ("tiny_llm.commands.train_tokenizer", "train a byte-level BPE tokenizer (demo)"),
+    "prepare": ("tiny_llm.commands.prepare", "build, or verify and reuse, the token cache"),
     "campaign": ("tiny_llm.commands.campaign", "plan / select / rank the stages of the recipe campaign"),
     "report": ("tiny_llm.commands.report", "comparison table, JSON, learning curves and best recipes of runs"),
     "benchmark-worker": ("tiny_llm.commands.benchmark_worker", "measure training throughput of a recipe"),

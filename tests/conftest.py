@@ -1,0 +1,74 @@
+"""Shared session fixtures: a small real-English C4-format corpus, a 512-token tokenizer, a tiny token cache.
+
+Use them to build a consistent `tiny` recipe::
+
+    def test_something(tiny_cache, tiny_recipe_args):
+        recipe = load_recipe(["tiny"], tiny_recipe_args(tiny_cache))          # library
+        argv = ["--config", "tiny"] + [a for s in tiny_recipe_args(tiny_cache) for a in ("--set", s)]  # CLI
+
+The cache is prepared once per session and must not be modified by tests (copy it to corrupt it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TINY_CORPUS_CHARS = 600_000
+"""News articles plus the first Wikipedia sections: ~260k tokens with the 512-token tokenizer."""
+TINY_VALIDATION_FRACTION = 0.1
+TINY_VOCAB = 512
+TINY_CACHE_TRAIN_TOKENS = 200_000
+"""More than the `tiny` / `packed4-tiny` budgets need (~132k), so small overrides still fit."""
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """C4-format dir (c4-train.*.json.gz, c4-validation.*.json.gz) of real English text."""
+    from tiny_llm.data.corpus import demo_documents, split_documents, write_c4_dir
+
+    output = tmp_path_factory.mktemp("tiny-data") / "corpus"
+    train, validation = split_documents(demo_documents(TINY_CORPUS_CHARS), TINY_VALIDATION_FRACTION)
+    write_c4_dir(output, train, validation)
+    return output
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tiny_corpus_dir: Path) -> Path:
+    """Byte-level BPE of exactly 512 tokens (preset `tiny`'s vocab), EOS `</s>` = id 2."""
+    from tiny_llm.data.sources import resolve_source
+    from tiny_llm.data.tokenizer import train_tokenizer
+
+    source = resolve_source(str(tiny_corpus_dir), None)
+    texts = (text for batch in source.iter_texts("train", batch_size=256) for text in batch)
+    output = tiny_corpus_dir.parent / "tokenizer"
+    train_tokenizer(texts, TINY_VOCAB, output)
+    return output
+
+
+@pytest.fixture(scope="session")
+def tiny_recipe_args(tiny_corpus_dir: Path, tiny_tokenizer_dir: Path) -> Callable[[Path], list[str]]:
+    """``f(cache_dir) -> ["data.dataset=...", "data.tokenizer=...", "data.cache_dir=...", ...]`` (--set values)."""
+
+    def args(cache_dir: Path | str) -> list[str]:
+        return [
+            f"data.dataset={tiny_corpus_dir}",
+            f"data.tokenizer={tiny_tokenizer_dir}",
+            f"data.cache_dir={cache_dir}",
+            f"data.prepare_train_tokens={TINY_CACHE_TRAIN_TOKENS}",
+        ]
+
+    return args
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tiny_corpus_dir: Path, tiny_recipe_args: Callable[[Path], list[str]]) -> Path:
+    """A complete token cache for preset `tiny` (200k train tokens in 4 shards, full validation)."""
+    from tiny_llm.config import load_recipe
+    from tiny_llm.data.prepare import prepare_cache
+
+    cache_dir = tiny_corpus_dir.parent / "cache"
+    prepare_cache(load_recipe(["tiny"], tiny_recipe_args(cache_dir)), progress=False)
+    return cache_dir

@@ -1,0 +1,196 @@
+"""Training loader and validation data over a token cache.
+
+Block k of the train prefix is tokens [kL, kL+L+1): inputs are its first L tokens, targets its last L,
+so adjacent blocks overlap by one token and every token after the first is a target exactly once.
+The loader reads a contiguous range of blocks (``buffer_size_mib``) into one buffer, views it as
+overlapping windows and visits its rows in a seeded permutation; the order of the ranges is seeded
+too, so ``seed`` alone fixes the sample order. The next range is read by a background thread. Resume
+needs only the block cursor: the order is recomputed and nothing is replayed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from tiny_llm.data.cache import DTYPE, TokenCache
+from tiny_llm.errors import DataError, RunStateError
+
+LOADER_STATE_VERSION = 1
+IGNORE_INDEX = -100
+_ORDER_STREAM, _ROWS_STREAM = 0, 1  # independent numpy streams derived from the one seed
+
+
+class TrainLoader:
+    """Blocks of L+1 tokens from the first ``num_blocks`` blocks of a cache's train split, in seeded order."""
+
+    def __init__(
+        self,
+        cache: TokenCache,
+        context_length: int,
+        num_blocks: int,
+        seed: int,
+        buffer_size_mib: int = 64,
+        prefetch: bool = True,
+    ) -> None:
+        if context_length < 1 or num_blocks < 1 or buffer_size_mib < 1:
+            raise ValueError("context_length, num_blocks and buffer_size_mib must be positive")
+        cache.check_capacity(num_blocks * context_length + 1)
+        self.cache = cache
+        self.context_length = context_length
+        self.num_blocks = num_blocks
+        self.seed = seed
+        self.prefetch = prefetch
+        self.cursor = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader") if prefetch else None
+        self._plan(max(1, (buffer_size_mib << 20) // (DTYPE.itemsize * context_length)))
+
+    def _plan(self, blocks_per_range: int) -> None:
+        """Visiting order of the ranges and where each starts in the sample sequence."""
+        self.blocks_per_range = blocks_per_range
+        num_ranges = math.ceil(self.num_blocks / blocks_per_range)
+        self._order = np.random.default_rng([self.seed, _ORDER_STREAM]).permutation(num_ranges)
+        sizes = [self._range_size(r) for r in self._order]
+        self._starts = np.cumsum([0, *sizes])
+        self._current: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._pending: tuple[int, Future] | None = None
+
+    def _range_size(self, range_index: int) -> int:
+        return min(self.blocks_per_range, self.num_blocks - range_index * self.blocks_per_range)
+
+    def _load(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The range visited at ``position``: its overlapping-window view and its row permutation."""
+        index = int(self._order[position])
+        first, size, L = index * self.blocks_per_range, self._range_size(index), self.context_length
+        tokens = self.cache.read("train", first * L, (first + size) * L + 1)
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, L + 1)[::L]
+        rows = np.random.default_rng([self.seed, _ROWS_STREAM, index]).permutation(size)
+        return windows, rows
+
+    def _range(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._current is None or self._current[0] != position:
+            if self._pending is not None and self._pending[0] == position:
+                windows, rows = self._pending[1].result()
+            else:
+                windows, rows = self._load(position)
+            self._pending = None
+            self._current = (position, windows, rows)
+            if self._pool is not None and position + 1 < len(self._order):
+                self._pending = (position + 1, self._pool.submit(self._load, position + 1))
+        return self._current[1], self._current[2]
+
+    @property
+    def remaining(self) -> int:
+        return self.num_blocks - self.cursor
+
+    def next_blocks(self, n: int) -> torch.Tensor:
+        """The next ``n`` blocks as int64 [n, L+1] on the CPU; advances the cursor."""
+        if not 0 <= n <= self.remaining:
+            raise DataError(
+                f"loader asked for {n} blocks but only {self.remaining} of {self.num_blocks} remain"
+            )
+        out = np.empty((n, self.context_length + 1), dtype=DTYPE)
+        filled = 0
+        while filled < n:
+            position = int(np.searchsorted(self._starts, self.cursor, side="right") - 1)
+            windows, rows = self._range(position)
+            offset = self.cursor - int(self._starts[position])
+            take = min(n - filled, len(rows) - offset)
+            np.take(windows, rows[offset : offset + take], axis=0, out=out[filled : filled + take])
+            filled += take
+            self.cursor += take
+        return torch.from_numpy(out).to(torch.int64)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the same sample sequence."""
+        return {
+            "version": LOADER_STATE_VERSION,
+            "cursor": self.cursor,
+            "seed": self.seed,
+            "num_blocks": self.num_blocks,
+            "context_length": self.context_length,
+            "blocks_per_range": self.blocks_per_range,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at ``state['cursor']``; the saved range size is kept so the order does not change."""
+        for key in ("seed", "num_blocks", "context_length"):
+            if state.get(key) != getattr(self, key):
+                raise RunStateError(
+                    f"loader state differs: {key} was {state.get(key)!r}, now {getattr(self, key)!r}; "
+                    "resume with the recipe the run started with"
+                )
+        cursor = int(state["cursor"])
+        if not 0 <= cursor <= self.num_blocks:
+            raise RunStateError(f"loader state cursor {cursor} is outside [0, {self.num_blocks}]")
+        self._drop_pending()
+        self._plan(int(state.get("blocks_per_range", self.blocks_per_range)))
+        self.cursor = cursor
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._pending[1].cancel()
+            self._pending = None
+
+    def close(self) -> None:
+        self._drop_pending()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._current = None
+
+    def __enter__(self) -> TrainLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def validation_num_full_blocks(cache: TokenCache, context_length: int) -> int:
+    return (cache.num_tokens("validation") - 1) // context_length
+
+
+def validation_num_targets(cache: TokenCache) -> int:
+    """Targets of a full validation pass: every validation token after the first."""
+    return cache.num_tokens("validation") - 1
+
+
+def validation_subset(cache: TokenCache, context_length: int, subset_blocks: int, seed: int) -> torch.Tensor:
+    """``subset_blocks`` full validation blocks (fewer if the split is smaller), chosen by
+    ``numpy.random.default_rng(seed)`` without replacement, sorted, as int64 [n, L+1]."""
+    L = context_length
+    available = validation_num_full_blocks(cache, L)
+    if available < 1:
+        raise DataError(
+            f"token cache {cache.path}: the validation split is shorter than one block of {L + 1}"
+        )
+    chosen = np.sort(
+        np.random.default_rng(seed).choice(available, size=min(subset_blocks, available), replace=False)
+    )
+    rows = np.stack([cache.read("validation", int(k) * L, int(k) * L + L + 1) for k in chosen])
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def iter_validation(
+    cache: TokenCache, context_length: int, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole validation split as (inputs, targets) int64 [b, L] batches; the last block is padded
+    with input 0 and target -100, so the valid targets number `validation_num_targets(cache)`."""
+    L, total = context_length, cache.num_tokens("validation")
+    num_blocks = math.ceil((total - 1) / L)
+    for first in range(0, num_blocks, batch_size):
+        count = min(batch_size, num_blocks - first)
+        tokens = cache.read("validation", first * L, min((first + count) * L + 1, total)).astype(np.int64)
+        inputs = np.zeros(count * L + 1, dtype=np.int64)
+        targets = np.full(count * L + 1, IGNORE_INDEX, dtype=np.int64)
+        inputs[: len(tokens)] = tokens
+        targets[: len(tokens)] = tokens
+        yield (
+            torch.from_numpy(inputs[:-1].reshape(count, L)),
+            torch.from_numpy(targets[1:].reshape(count, L).copy()),
+        )

@@ -1,0 +1,327 @@
+"""`prepare`: tokenize a corpus into a token cache, or verify and reuse a compatible one.
+
+Publishing is atomic: shards are written into ``<cache>.partial/``, each fsynced and hashed, then the
+manifest, then the directory is renamed to ``<cache>``. A sibling ``<cache>.lock`` (flock) makes a
+second preparer fail fast; a ``.partial`` found while holding the lock is stale (its writer died) and
+is removed. A complete cache is never modified: more tokens or other settings need a new directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tiny_llm.budget import make_budget
+from tiny_llm.config import RecipeConfig
+from tiny_llm.data.cache import DTYPE, MANIFEST_VERSION, TokenCache, manifest_identity, open_cache
+from tiny_llm.data.sources import CorpusSource, Split, resolve_source
+from tiny_llm.data.tokenizer import TextTokenizer, check_tokenizer, is_local_reference, load_tokenizer
+from tiny_llm.errors import DataError
+from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir
+
+T = TypeVar("T")
+PREFETCH_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What `prepare` did."""
+
+    path: str
+    identity: str
+    reused: bool
+    train_tokens: int
+    validation_tokens: int
+    validation_complete: bool
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def train_tokens_needed(recipe: RecipeConfig) -> int:
+    """data.prepare_train_tokens, else the budget's targets + 1 (the first input token)."""
+    if recipe.data.prepare_train_tokens is not None:
+        return recipe.data.prepare_train_tokens
+    return make_budget(recipe).cache_tokens_needed
+
+
+def prepare_cache(recipe: RecipeConfig, progress: bool = True) -> PrepareResult:
+    """Make ``recipe.data.cache_dir`` a complete cache that serves ``recipe`` (reusing one if possible)."""
+    started = time.perf_counter()
+    cache_dir = Path(recipe.data.cache_dir)
+    need = train_tokens_needed(recipe)
+    if need < 2:
+        raise DataError(f"data.prepare_train_tokens: need at least 2 train tokens, got {need}")
+    validation_cap = recipe.data.prepare_validation_tokens
+    if validation_cap is not None and validation_cap < 2:
+        raise DataError(
+            f"data.prepare_validation_tokens: need at least 2 tokens or null, got {validation_cap}"
+        )
+    if (cache_dir / "manifest.json").exists():
+        return _reuse(cache_dir, recipe, need, started)
+    if cache_dir.exists() and (not cache_dir.is_dir() or any(cache_dir.iterdir())):
+        raise DataError(
+            f"data.cache_dir {cache_dir} exists but is not a token cache; choose an empty or new path"
+        )
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(cache_dir.with_name(cache_dir.name + ".lock"), f"token cache {cache_dir}"):
+        if (cache_dir / "manifest.json").exists():  # another preparer published it while we waited to start
+            return _reuse(cache_dir, recipe, need, started)
+        partial = cache_dir.with_name(cache_dir.name + ".partial")
+        if partial.exists():
+            _log(f"removing stale partial cache {partial} (its preparer did not finish)")
+            shutil.rmtree(partial)
+        partial.mkdir()
+        try:
+            manifest = _write_cache(partial, recipe, need, progress)
+            if cache_dir.exists():
+                cache_dir.rmdir()  # an empty placeholder directory
+            os.replace(partial, cache_dir)
+            fsync_dir(cache_dir.parent)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    val = manifest["splits"]["validation"]["tokens"]
+    return PrepareResult(
+        path=str(cache_dir),
+        identity=manifest["identity"],
+        reused=False,
+        train_tokens=manifest["splits"]["train"]["tokens"],
+        validation_tokens=val,
+        validation_complete=manifest["validation_complete"],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _reuse(cache_dir: Path, recipe: RecipeConfig, need: int, started: float) -> PrepareResult:
+    with open_cache(cache_dir, verify=True) as cache:
+        cache.check_compatible(recipe)
+        _check_tokenizer_unchanged(cache, recipe)
+        cache.check_capacity(need)
+        _check_validation(cache, recipe.data.prepare_validation_tokens)
+        return PrepareResult(
+            path=str(cache_dir),
+            identity=cache.identity,
+            reused=True,
+            train_tokens=cache.num_tokens("train"),
+            validation_tokens=cache.num_tokens("validation"),
+            validation_complete=cache.validation_complete,
+            seconds=time.perf_counter() - started,
+        )
+
+
+def _check_tokenizer_unchanged(cache: TokenCache, recipe: RecipeConfig) -> None:
+    name = recipe.data.tokenizer
+    if not (is_local_reference(name) and Path(name).expanduser().exists()):
+        return  # a hub tokenizer is pinned by its revision, which check_compatible compares
+    if load_tokenizer(name).fingerprint != cache.manifest["tokenizer_fingerprint"]:
+        raise DataError(
+            f"tokenizer {name} changed since token cache {cache.path} was built; prepare a new data.cache_dir"
+        )
+
+
+def _check_validation(cache: TokenCache, cap: int | None) -> None:
+    if cache.validation_complete:
+        return
+    have = cache.num_tokens("validation")
+    if cap is None or cap > have:
+        wanted = "all validation tokens" if cap is None else f"{cap} validation tokens"
+        raise DataError(
+            f"token cache {cache.path} holds a truncated validation split ({have} tokens) but the recipe "
+            f"asks for {wanted}; prepare a new data.cache_dir"
+        )
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _write_cache(partial: Path, recipe: RecipeConfig, need: int, progress: bool) -> dict[str, Any]:
+    data = recipe.data
+    source = resolve_source(data.dataset, data.dataset_revision)
+    for split in ("train", "validation"):
+        source.data_files(split)  # fail on missing files before any work
+    tokenizer = load_tokenizer(data.tokenizer, data.tokenizer_revision)
+    check_tokenizer(tokenizer, recipe.model.vocab_size, data.tokenizer)
+    (partial / "tokenizer").mkdir()
+    tokenizer.save(partial / "tokenizer")
+    writer = SplitWriter(source, tokenizer, data.tokenize_batch_size, data.shard_tokens, progress)
+    validation, complete = writer.write(partial, "validation", data.prepare_validation_tokens)
+    if validation["tokens"] < 2:
+        raise DataError(f"dataset {data.dataset}: the validation split holds no text")
+    train, _ = writer.write(partial, "train", need, data.shuffle_seed, data.shuffle_buffer)
+    if train["tokens"] < need:
+        raise DataError(
+            f"dataset {data.dataset}: the train split has only {train['tokens']} tokens, need {need}; use a "
+            "larger corpus or a smaller budget (training.tokens_per_parameter or data.prepare_train_tokens)"
+        )
+    manifest: dict[str, Any] = {
+        "version": MANIFEST_VERSION,
+        "dataset": data.dataset,
+        "dataset_revision": source.revision,
+        "tokenizer": data.tokenizer,
+        "tokenizer_revision": None if is_local_reference(data.tokenizer) else data.tokenizer_revision,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+        "dtype": DTYPE.str,
+        "preprocessing": {
+            "shuffle_seed": data.shuffle_seed,
+            "shuffle_buffer": data.shuffle_buffer,
+            "append_eos": True,
+            "add_special_tokens": False,
+        },
+        "validation_complete": complete,
+        "splits": {"train": train, "validation": validation},
+    }
+    manifest["identity"] = manifest_identity(manifest)
+    atomic_write_json(partial / "manifest.json", manifest)
+    return manifest
+
+
+class ShardWriter:
+    """Raw uint16 shards of ``shard_tokens`` tokens, each hashed while written and fsynced when full."""
+
+    def __init__(self, directory: Path, split: Split, shard_tokens: int) -> None:
+        self.directory, self.split, self.shard_tokens = directory, split, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._handle: Any = None
+        self._digest: Any = None
+        self._filled = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        while len(tokens):
+            if self._handle is None:
+                self._open()
+            take = min(len(tokens), self.shard_tokens - self._filled)
+            chunk = tokens[:take].astype(DTYPE, copy=False).tobytes()
+            self._handle.write(chunk)
+            self._digest.update(chunk)
+            self._filled += take
+            tokens = tokens[take:]
+            if self._filled == self.shard_tokens:
+                self._finish()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._handle is not None:
+            self._finish()
+        return self.shards
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self._handle = open(self.directory / name, "wb")  # noqa: SIM115 - closed in _finish
+        self._digest = hashlib.sha256()
+        self._filled = 0
+        self.shards.append({"file": name, "tokens": 0, "sha256": ""})
+
+    def _finish(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        self.shards[-1].update(tokens=self._filled, sha256=self._digest.hexdigest())
+        self._handle = None
+
+
+@dataclass
+class SplitWriter:
+    """Streams one split: read documents (background thread), batch-encode, append EOS, write shards."""
+
+    source: CorpusSource
+    tokenizer: TextTokenizer
+    batch_size: int
+    shard_tokens: int
+    progress: bool
+
+    def write(
+        self, directory: Path, split: Split, limit: int | None, seed: int | None = None, buffer: int = 0
+    ) -> tuple[dict[str, Any], bool]:
+        """Write up to ``limit`` tokens; return the manifest entry and whether the split was exhausted."""
+        from tqdm import tqdm
+
+        shards = ShardWriter(directory, split, self.shard_tokens)
+        written, documents, exhausted = 0, 0, True
+        bar = tqdm(
+            total=limit, unit="tok", unit_scale=True, desc=f"prepare {split}", disable=not self.progress
+        )
+        batches = background(self.source.iter_texts(split, self.batch_size, seed, buffer), PREFETCH_BATCHES)
+        try:
+            for texts in batches:
+                tokens = join_with_eos(self.tokenizer.encode_batch(texts), self.tokenizer.eos_token_id)
+                if limit is not None and written + len(tokens) >= limit:
+                    exhausted = written + len(tokens) == limit and next(batches, None) is None
+                    tokens = tokens[: limit - written]
+                shards.write(tokens)
+                written += len(tokens)
+                documents += len(texts)
+                bar.update(len(tokens))
+                bar.set_postfix(docs=documents, shards=len(shards.shards), refresh=False)
+                if limit is not None and written >= limit:
+                    break
+        finally:
+            batches.close()
+            bar.close()
+        return {"tokens": written, "shards": shards.close()}, exhausted
+
+
+def join_with_eos(ids: list[list[int]], eos: int) -> np.ndarray:
+    """Concatenate documents, each followed by EOS, as one uint16 array."""
+    total = sum(map(len, ids)) + len(ids)
+    pieces = itertools.chain.from_iterable(itertools.chain.from_iterable(zip(ids, itertools.repeat((eos,)))))
+    return np.fromiter(pieces, dtype=DTYPE, count=total)
+
+
+def background(iterator: Iterator[T], depth: int) -> Iterator[T]:
+    """Run ``iterator`` in a daemon thread, ``depth`` items ahead; re-raise its errors here."""
+    items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(kind: str, value: Any) -> bool:
+        while not stop.is_set():
+            try:
+                items.put((kind, value), timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in iterator:
+                if not put("item", item):
+                    return
+            put("end", None)
+        except BaseException as exc:  # handed to the consumer
+            put("error", exc)
+
+    thread = threading.Thread(target=produce, name="prepare-reader", daemon=True)
+    thread.start()
+
+    def consume() -> Iterator[T]:
+        try:
+            while True:
+                kind, value = items.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            stop.set()
+
+    return consume()
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
