@@ -50,7 +50,7 @@ def tiny_tokenizer_dir(tiny_corpus_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_recipe_args(tiny_corpus_dir: Path, tiny_tokenizer_dir: Path) -> Callable[[Path], list[str]]:
-    """``f(cache_dir) -> ["data.dataset=...", "data.tokenizer=...", "data.cache_dir=...", ...]`` (--set values)."""
+    """``f(cache_dir) -> ["data.dataset=...", "data.tokenizer=...", "data.cache_dir=...", ...]`` (--set)."""
 
     def args(cache_dir: Path | str) -> list[str]:
         return [
