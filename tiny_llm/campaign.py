@@ -90,6 +90,8 @@ class CampaignConfig:
     """Size name -> tuning ``selected.yaml`` whose execution settings the size's runs use."""
     throughput: Mapping[str, float]
     """Size name -> tokens/s assumed for the GPU-hour estimate when no tuning result gives it."""
+    numerics_version: int = 0
+    """The workflow's NUMERICS_VERSION: a bump means results would differ, so it is part of the identity."""
 
 
 def stage_name(index: int) -> str:
@@ -138,7 +140,9 @@ def _stage(raw: Any, index: int) -> StageConfig:
     return StageConfig(size=raw["size"], parents=parents, beta2=beta2)
 
 
-def parse_campaign(section: Mapping[str, Any], sizes: Mapping[str, Any], root: str) -> CampaignConfig:
+def parse_campaign(
+    section: Mapping[str, Any], sizes: Mapping[str, Any], root: str, numerics_version: int = 0
+) -> CampaignConfig:
     """Validate the workflow's ``campaign`` section against its ``sizes`` (ConfigError on a problem)."""
     raw_stages = section.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
@@ -167,6 +171,7 @@ def parse_campaign(section: Mapping[str, Any], sizes: Mapping[str, Any], root: s
         batch_tokens=dict(section.get("batch_tokens") or {}),
         tuning=dict(section.get("tuning") or {}),
         throughput={k: float(v) for k, v in (section.get("throughput") or {}).items()},
+        numerics_version=numerics_version,
     )
 
 
@@ -183,13 +188,14 @@ def settings_dict(config: CampaignConfig) -> dict[str, Any]:
         "batch_tokens": dict(config.batch_tokens),
         "tuning": dict(config.tuning),
         "throughput": dict(config.throughput),
+        "numerics_version": config.numerics_version,
     }
 
 
 def config_from_settings(settings: Mapping[str, Any]) -> CampaignConfig:
     """Inverse of ``settings_dict``."""
     section = {k: settings.get(k) for k in ("stages", "overrides", "batch_tokens", "tuning", "throughput")}
-    return parse_campaign(section, settings["sizes"], settings["root"])
+    return parse_campaign(section, settings["sizes"], settings["root"], settings.get("numerics_version", 0))
 
 
 # ----------------------------------------------------------------------------- run ids
@@ -405,6 +411,7 @@ def campaign_identity_payload(
     """What makes two campaigns the same: stages, grids, templates (numerics only) and token caches."""
     return {
         "format": CAMPAIGN_FORMAT,
+        "numerics_version": config.numerics_version,
         "stages": settings_dict(config)["stages"],
         "templates": {s: recipe_identity_payload(recipe_from_dict(dict(t))) for s, t in templates.items()},
         "cache_identities": dict(cache_identities),
