@@ -1,0 +1,166 @@
+"""Llama-style decoder: pre-norm blocks, RMSNorm, RoPE, multi-head attention, SwiGLU, tied embedding.
+
+One file, readable in one sitting. Two attention paths share the weights:
+``sdpa`` (PyTorch's fused kernels, causal) and ``reference`` (explicit QK^T,
+mask and softmax in FP32; supports double backward, used by deterministic runs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tiny_llm.config import ModelConfig
+
+IGNORE_INDEX = -100
+
+
+class RMSNorm(nn.Module):
+    """Scale-only RMS normalisation; the reduction runs in FP32 whatever the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(context_length: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 cos/sin tables [L, head_dim] for rotate-half RoPE."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, h, t, hd]; cos/sin [t, hd]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention with an explicit FP32 softmax (double-backward capable, deterministic)."""
+    t = q.shape[-2]
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, reference: bool) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.width // cfg.num_heads
+        self.reference = reference
+        self.q_proj = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.k_proj = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.v_proj = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.out_proj = nn.Linear(cfg.width, cfg.width, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = apply_rope(self._heads(self.q_proj(x)), cos, sin)
+        k = apply_rope(self._heads(self.k_proj(x)), cos, sin)
+        v = self._heads(self.v_proj(x))
+        if self.reference:
+            y = reference_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.width, cfg.ffn_width, bias=False)
+        self.up_proj = nn.Linear(cfg.width, cfg.ffn_width, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_width, cfg.width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, reference: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.width, cfg.norm_eps)
+        self.attn = Attention(cfg, reference)
+        self.ffn_norm = RMSNorm(cfg.width, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """inputs [b, t<=L] int64 -> logits [b, t, V]."""
+
+    def __init__(self, cfg: ModelConfig, *, reference_attention: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.width)
+        self.blocks = nn.ModuleList(Block(cfg, reference_attention) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.width, cfg.norm_eps)
+        cos, sin = rope_tables(cfg.context_length, cfg.width // cfg.num_heads, cfg.rope_theta)
+        # Cached, not recomputed per step; non-persistent so checkpoints hold parameters only.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        residual_std = std / math.sqrt(2 * self.cfg.num_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.ffn.down_proj.weight, mean=0.0, std=residual_std)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        t = inputs.shape[-1]
+        if t > self.cfg.context_length:
+            raise ValueError(f"input length {t} exceeds model.context_length {self.cfg.context_length}")
+        x = self.embed(inputs)
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return F.linear(self.norm(x), self.embed.weight)  # tied LM head
+
+
+def loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed FP32 cross entropy over valid targets (ignore_index -100)."""
+    logits = model(inputs)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def token_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-target FP32 cross entropy (0 where ignored), for FP64 accumulation in evaluation."""
+    logits = model(inputs)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    )
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Unique parameters (the tied embedding counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""Training: engine, loop, checkpoints, metrics, evaluation, runtime setup."""

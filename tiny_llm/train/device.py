@@ -1,0 +1,181 @@
+"""Device selection, threads, determinism, precision, SDPA kernel choice.
+
+Shared by training, evaluation and the benchmark workers so a benchmark
+measures exactly what training runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from tiny_llm.config import RecipeConfig
+from tiny_llm.errors import ConfigError, RunStateError
+
+# Lock files that keep parallel local jobs on different GPUs; held for the life of the process.
+_GPU_LOCKS: list[int] = []
+GPU_KERNELS_ONLY = ("cudnn", "efficient")
+
+
+def default_cpu_threads() -> int:
+    """SLURM_CPUS_PER_TASK when set, else the CPUs this process may run on."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
+    return len(os.sched_getaffinity(0))
+
+
+def gpu_lock_dir() -> Path:
+    return Path(os.environ.get("TINY_LLM_GPU_LOCK_DIR", "/tmp/tiny-llm-gpu-locks"))
+
+
+def claim_first_free(lock_paths: Sequence[Path]) -> int | None:
+    """Take an exclusive flock on the first free lock file; return its index (fd kept open) or None."""
+    for index, path in enumerate(lock_paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _GPU_LOCKS.append(fd)
+        return index
+    return None
+
+
+def _gpu_lock_name(index: int) -> str:
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"gpu-{uuid or index}.lock"
+
+
+def select_device(requested: str) -> torch.device:
+    """'auto' -> CUDA when present (first free GPU when several are visible), else CPU."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"runtime.device: '{requested}' asked for CUDA but no GPU is visible; use cpu or auto"
+        )
+    if requested.startswith("cuda:"):
+        index = int(requested[5:])
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"runtime.device: {requested} but only {torch.cuda.device_count()} GPU(s) visible"
+            )
+        return torch.device(requested)
+    count = torch.cuda.device_count()
+    if count == 1:  # under Slurm each job sees only its own GPU
+        return torch.device("cuda:0")
+    index = claim_first_free([gpu_lock_dir() / _gpu_lock_name(i) for i in range(count)])
+    if index is None:
+        raise RunStateError(
+            f"all {count} visible GPUs are taken by other tiny-llm processes (locks in {gpu_lock_dir()}); "
+            "run fewer jobs at once or set runtime.device"
+        )
+    return torch.device(f"cuda:{index}")
+
+
+def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
+    backend = recipe.runtime.sdpa_backend
+    if device.type == "cpu" and backend in GPU_KERNELS_ONLY:
+        raise ConfigError(
+            f"runtime.sdpa_backend: '{backend}' is a GPU-only kernel and the device is the CPU; "
+            "use auto, flash or math"
+        )
+
+
+def setup_runtime(recipe: RecipeConfig) -> torch.device:
+    """Pick the device and apply threads, determinism and matmul precision; return the device."""
+    rt = recipe.runtime
+    device = select_device(rt.device)
+    check_sdpa_backend(recipe, device)
+    torch.set_num_threads(rt.cpu_threads or default_cpu_threads())
+    if rt.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if not rt.deterministic:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+    return device
+
+
+def uses_reference_attention(recipe: RecipeConfig) -> bool:
+    return recipe.runtime.attention_backend == "reference" or recipe.runtime.deterministic
+
+
+def uses_compile(recipe: RecipeConfig) -> bool:
+    return recipe.runtime.compile and not recipe.runtime.deterministic
+
+
+def uses_fused_optimizer(recipe: RecipeConfig, device: torch.device) -> bool:
+    return recipe.runtime.fused_optimizer and not recipe.runtime.deterministic
+
+
+def autocast_dtype(recipe: RecipeConfig, device: torch.device) -> torch.dtype | None:
+    """BF16 autocast on CUDA when runtime.amp, on CPU only when runtime.cpu_amp."""
+    enabled = recipe.runtime.amp if device.type == "cuda" else recipe.runtime.cpu_amp
+    return torch.bfloat16 if enabled else None
+
+
+@contextlib.contextmanager
+def compute_context(recipe: RecipeConfig, device: torch.device) -> Iterator[None]:
+    """Autocast and the SDPA kernel restriction for forward passes."""
+    with contextlib.ExitStack() as stack:
+        dtype = autocast_dtype(recipe, device)
+        if dtype is not None:
+            stack.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
+        if recipe.runtime.sdpa_backend != "auto" and not uses_reference_attention(recipe):
+            stack.enter_context(sdpa_restriction(recipe.runtime.sdpa_backend))
+        yield
+
+
+def sdpa_restriction(backend: str) -> contextlib.AbstractContextManager[None]:
+    """Only the named kernel: an unsupported forced kernel raises instead of falling back."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    return sdpa_kernel([kernels[backend]])
+
+
+def dispatched_attention_kernels(run_forward_backward) -> list[str]:
+    """Names of the attention operators one profiled forward+backward actually ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        run_forward_backward()
+    keys = ("attention", "sdpa", "flash", "softmax", "fmha", "cudnn_attn")
+    names = {e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)}
+    return sorted(names)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak device memory (CUDA allocator) or peak resident set size of this process (CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,148 @@
+"""The training engine: one optimizer update from a batch of token blocks.
+
+``build_engine`` returns the ordinary single-model engine, or the packed
+decentralized engine when ``recipe.decentralized`` is set. The training loop,
+the benchmark worker and evaluation only use the ``Engine`` protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+from torch import nn
+
+from tiny_llm.config import RecipeConfig
+from tiny_llm.io import atomic_write_bytes
+from tiny_llm.model import Llama, loss_sum
+from tiny_llm.train import signals
+from tiny_llm.train.device import (
+    compute_context,
+    uses_compile,
+    uses_fused_optimizer,
+    uses_reference_attention,
+)
+from tiny_llm.train.optim import build_optimizer, set_lr
+
+
+@dataclass
+class StepStats:
+    loss: float
+    """Token-mean cross entropy of the whole update (nats)."""
+    grad_norm: float
+    """Global L2 gradient norm before clipping."""
+    tokens: int
+    """Targets in the update."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific values (packed: local_losses, ...)."""
+
+
+class NonFiniteError(Exception):
+    """A non-finite loss or gradient norm; the run stops as failed."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class UpdateAborted(Exception):
+    """A stop was requested between microbatches; the partial update was discarded."""
+
+
+class Engine(Protocol):
+    def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
+    def eval_model(self) -> nn.Module: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+    def export_weights(self, path: Path) -> None: ...
+
+
+def build_model(recipe: RecipeConfig, device: torch.device) -> Llama:
+    """The seeded initial model; built on the CPU first so every device starts from the same weights."""
+    torch.manual_seed(recipe.runtime.seed)
+    model = Llama(recipe.model, reference_attention=uses_reference_attention(recipe))
+    return model.to(device)
+
+
+class ModelEngine:
+    """One Llama model, FP32 master weights, AdamW, gradient accumulation over microbatches."""
+
+    def __init__(self, recipe: RecipeConfig, device: torch.device) -> None:
+        self.recipe = recipe
+        self.device = device
+        self.micro_batch_size = recipe.training.micro_batch_size
+        self.grad_clip = recipe.optimizer.grad_clip
+        self.model = build_model(recipe, device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(
+            self.model, recipe.optimizer, fused=uses_fused_optimizer(recipe, device)
+        )
+        self.compiled = uses_compile(recipe)
+        self._compiled_loss = self._loss
+        if self.compiled:
+            mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
+            self._compiled_loss = torch.compile(self._loss, mode=mode)
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_sum(self.model, inputs, targets)
+
+    def forward_backward(self, blocks: torch.Tensor, num_targets: int) -> torch.Tensor:
+        """Accumulate grads of summed CE / num_targets; return the summed CE (detached)."""
+        total = torch.zeros((), device=self.device)
+        for index, micro in enumerate(blocks.split(self.micro_batch_size)):
+            if index and signals.stop_requested():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise UpdateAborted()
+            # Full microbatches run compiled; a short one runs eagerly instead of recompiling.
+            loss_fn = self._compiled_loss if micro.shape[0] == self.micro_batch_size else self._loss
+            with compute_context(self.recipe, self.device):
+                summed = loss_fn(micro[:, :-1], micro[:, 1:])
+            (summed / num_targets).backward()
+            total += summed.detach()
+        return total
+
+    def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
+        num_targets = blocks.shape[0] * (blocks.shape[1] - 1)
+        blocks = blocks.to(self.device, non_blocking=True)
+        total = self.forward_backward(blocks, num_targets)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm_t = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
+        loss, grad_norm = (total / num_targets).item(), norm_t.item()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            what = "loss" if not math.isfinite(loss) else "gradient norm"
+            raise NonFiniteError(step, f"non-finite {what} (loss {loss}, grad_norm {grad_norm})")
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
+
+    def eval_model(self) -> nn.Module:
+        return self.model
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def export_weights(self, path: Path) -> None:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
+
+
+def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
+    """The ordinary engine, or the packed one for ``decentralized`` recipes."""
+    if recipe.decentralized is not None:
+        from tiny_llm.packed.engine import PackedEngine
+
+        return PackedEngine(recipe, device)
+    return ModelEngine(recipe, device)
