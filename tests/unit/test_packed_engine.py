@@ -1,0 +1,169 @@
+"""PackedEngine against ordinary models: equivalence, AWC/ATC order, averaging, state, exports."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tiny_llm.config import load_recipe
+from tiny_llm.model import Llama, loss_sum
+from tiny_llm.packed.engine import PackedEngine, split_workers
+from tiny_llm.train.engine import ModelEngine, NonFiniteError
+
+CPU = torch.device("cpu")
+
+
+def packed_recipe(*sets: str):
+    return load_recipe(["packed4-tiny"], ["decentralized.num_models=2", "training.batch_tokens=512", *sets])
+
+
+def batches(recipe, count: int, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n = recipe.training.batch_tokens // recipe.model.context_length
+    shape = (n, recipe.model.context_length + 1)
+    return [torch.randint(0, recipe.model.vocab_size, shape, generator=gen) for _ in range(count)]
+
+
+def test_split_workers_gives_worker_i_samples_i_plus_kn():
+    blocks = torch.arange(12).view(6, 2)
+    workers = split_workers(blocks, 3)
+    assert workers[:, :, 0].tolist() == [[0, 6], [2, 8], [4, 10]]
+    with pytest.raises(ValueError):
+        split_workers(torch.zeros(5, 2), 3)
+
+
+def test_packed_without_mixing_equals_independent_ordinary_models():
+    recipe = packed_recipe()
+    engine = PackedEngine(recipe, CPU, mix=False)
+    single = load_recipe(["packed4-tiny"], ["decentralized=null", "training.batch_tokens=256"])
+    ordinary = [ModelEngine(single, CPU) for _ in range(2)]  # same seed: same init as every worker
+    data = batches(recipe, 3)
+    for step, blocks in enumerate(data):
+        lr = 3e-3 * (step + 1)
+        stats = engine.train_step(blocks, lr, step)
+        for i, model in enumerate(ordinary):
+            ref = model.train_step(blocks[i::2], lr, step)
+            assert stats.extra["local_losses"][i] == pytest.approx(ref.loss, rel=1e-6, abs=1e-6)
+            assert stats.extra["local_grad_norms"][i] == pytest.approx(ref.grad_norm, rel=1e-5)
+        assert stats.extra["mixing_gamma"] == 0.0
+        assert stats.tokens == 512 and stats.extra["tokens_per_model"] == 256
+    for i, model in enumerate(ordinary):
+        for name, param in model.model.named_parameters():
+            packed = engine.model.layout.views(engine.model.arena)[name][i]
+            torch.testing.assert_close(packed, param.detach(), rtol=0, atol=2e-6)
+
+
+def test_all_workers_start_from_the_ordinary_init():
+    recipe = packed_recipe()
+    engine = PackedEngine(recipe, CPU)
+    reference = ModelEngine(load_recipe(["tiny"]), CPU).model
+    for name, param in reference.named_parameters():
+        views = engine.model.layout.views(engine.model.arena)[name]
+        assert torch.equal(views[0], param.detach()) and torch.equal(views[1], param.detach())
+
+
+def toy_update(scheme: str) -> torch.Tensor:
+    """Two workers at 1 and 3 with gradients +1 and -1; one AdamW step (lr 0.1, wd 0.1), complete mixing."""
+    recipe = packed_recipe(
+        f"decentralized.scheme={scheme}",
+        "decentralized.topology=complete",
+        "optimizer.weight_decay=0.1",
+        "optimizer.eps=1.0e-12",
+    )
+    engine = PackedEngine(recipe, CPU)
+    engine.model.arena.copy_(torch.tensor([[1.0], [3.0]]).expand_as(engine.model.arena))
+    engine.model.grad_arena.copy_(torch.tensor([[1.0], [-1.0]]).expand_as(engine.model.grad_arena))
+    engine.apply_update(lr=0.1, step=0, gamma=1.0)
+    return engine.model.layout.views(engine.model.arena)["embed.weight"][:, 0, 0]
+
+
+def test_awc_mixes_then_steps_with_pre_mix_gradients_and_atc_steps_then_mixes():
+    # AWC: mix -> both 2; decay -> 1.98; Adam's first step moves by lr * sign(g): 1.88 and 2.08.
+    torch.testing.assert_close(toy_update("awc"), torch.tensor([1.88, 2.08]))
+    # ATC: step -> 1 * 0.99 - 0.1 = 0.89 and 3 * 0.99 + 0.1 = 3.07; mix -> 1.98 for both.
+    torch.testing.assert_close(toy_update("atc"), torch.tensor([1.98, 1.98]))
+
+
+def test_mixing_follows_the_topology_each_step():
+    recipe = load_recipe(["packed4-tiny"])
+    engine = PackedEngine(recipe, CPU)
+    rows = torch.arange(4.0).view(4, 1)
+    engine.model.arena.copy_(rows.expand_as(engine.model.arena))
+    engine.mix_params(step=1, gamma=1.0)  # exponential, N=4, step 1: offset 2
+    torch.testing.assert_close(engine.model.arena[:, 0], torch.tensor([1.0, 2.0, 1.0, 2.0]))
+
+
+def test_per_worker_clipping_in_the_engine():
+    recipe = packed_recipe("optimizer.grad_clip=0.5")
+    engine = PackedEngine(recipe, CPU)
+    engine.forward_backward(batches(recipe, 1)[0])
+    before = torch.linalg.vector_norm(engine.model.grad_arena, dim=1)
+    norms = engine.clip()
+    torch.testing.assert_close(norms, before)
+    after = torch.linalg.vector_norm(engine.model.grad_arena, dim=1)
+    torch.testing.assert_close(after, torch.minimum(before, torch.tensor(0.5)), rtol=1e-5, atol=0)
+
+
+def test_averaged_evaluation_equals_the_mean_weights():
+    recipe = packed_recipe("decentralized.topology=one_peer_ring")
+    engine = PackedEngine(recipe, CPU, mix=False)
+    for step, blocks in enumerate(batches(recipe, 2)):
+        engine.train_step(blocks, 1e-2, step)
+    workers = [engine.model.worker_state_dict(i) for i in range(2)]
+    assert not torch.equal(workers[0]["embed.weight"], workers[1]["embed.weight"])
+    manual = Llama(recipe.model)
+    manual.load_state_dict({k: (workers[0][k] + workers[1][k]) / 2 for k in workers[0]})
+    model = engine.eval_model()
+    val = batches(recipe, 1, seed=9)[0]
+    with torch.no_grad():
+        got = loss_sum(model, val[:, :-1], val[:, 1:])
+        want = loss_sum(manual, val[:, :-1], val[:, 1:])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_packed_state_resumes_bitwise():
+    recipe = packed_recipe("decentralized.adaptive_consensus={start_frac: 0.01, p: 1.0}")
+    data = batches(recipe, 4, seed=3)
+    straight = PackedEngine(recipe, CPU)
+    for step, blocks in enumerate(data):
+        straight.train_step(blocks, 1e-2 / (step + 1), step)
+    first = PackedEngine(recipe, CPU)
+    for step, blocks in enumerate(data[:2]):
+        first.train_step(blocks, 1e-2 / (step + 1), step)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = PackedEngine(recipe, CPU)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    for step, blocks in enumerate(data[2:], start=2):
+        resumed.train_step(blocks, 1e-2 / (step + 1), step)
+    assert torch.equal(resumed.model.arena, straight.model.arena)
+    assert torch.equal(resumed.optimizer.exp_avg_sq, straight.optimizer.exp_avg_sq)
+    other = PackedEngine(load_recipe(["packed4-tiny"]), CPU)  # four workers cannot load a two-worker state
+    with pytest.raises(ValueError):
+        other.load_state_dict(first.state_dict())
+
+
+def test_short_update_and_non_finite_loss():
+    recipe = packed_recipe()
+    engine = PackedEngine(recipe, CPU)
+    stats = engine.train_step(batches(recipe, 1)[0][:6], 1e-3, 0)  # 3 blocks per worker instead of 4
+    assert stats.tokens == 6 * 64 and stats.extra["tokens_per_model"] == 3 * 64
+    engine.model.arena.mul_(float("nan"))
+    with pytest.raises(NonFiniteError):
+        engine.train_step(batches(recipe, 1)[0], 1e-3, 1)
+
+
+def test_export_writes_average_and_per_worker_files(tmp_path):
+    recipe = packed_recipe()
+    engine = PackedEngine(recipe, CPU)
+    engine.train_step(batches(recipe, 1)[0], 1e-2, 0)
+    engine.export_weights(tmp_path / "epoch-001.safetensors")
+    root = load_file(tmp_path / "epoch-001.safetensors")
+    nodes = [load_file(tmp_path / f"node-{i:03d}" / "epoch-001.safetensors") for i in range(2)]
+    assert set(root) == {name for name, _ in Llama(recipe.model).named_parameters()}
+    for name, value in root.items():
+        torch.testing.assert_close(value, (nodes[0][name] + nodes[1][name]) / 2)

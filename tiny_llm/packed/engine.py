@@ -1,0 +1,177 @@
+"""PackedEngine: the trainer's Engine protocol for N decentralized workers in one process."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+from torch import nn
+
+from tiny_llm.budget import lr_at, make_budget
+from tiny_llm.config import RecipeConfig
+from tiny_llm.io import atomic_write_bytes
+from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
+from tiny_llm.packed.model import PackedLlama, local_losses
+from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_
+from tiny_llm.train.device import compute_context, uses_compile, uses_reference_attention
+from tiny_llm.train.engine import NonFiniteError, StepStats, build_model
+
+# Parameter views into an arena are strided; autograd warns about it but accumulates in place correctly.
+_LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
+
+STATE_VERSION = 1
+
+
+def step_learning_rates(recipe: RecipeConfig) -> list[float]:
+    """The LR of every update, evaluated at the update's end token (as the trainer does)."""
+    budget = make_budget(recipe)
+    length = budget.context_length
+    return [
+        lr_at((start + blocks) * length, budget.tokens, recipe.optimizer)
+        for _, start, blocks in budget.update_schedule()
+    ]
+
+
+def build_consensus(recipe: RecipeConfig) -> ConsensusSchedule | None:
+    ac = recipe.decentralized.adaptive_consensus if recipe.decentralized else None
+    if ac is None:
+        return None
+    return consensus_schedule(ac.start_frac, ac.p, step_learning_rates(recipe))
+
+
+def split_workers(blocks: torch.Tensor, num_models: int) -> torch.Tensor:
+    """[n, L+1] global batch -> [N, n/N, L+1]: worker i gets samples i, i+N, i+2N, ..."""
+    n = blocks.shape[0]
+    if n % num_models:
+        raise ValueError(f"a packed update needs a multiple of {num_models} blocks, got {n}")
+    return blocks.view(n // num_models, num_models, -1).transpose(0, 1)
+
+
+class PackedEngine:
+    """N workers from the ordinary model's seeded init; per-worker clipping and AdamW; AWC or ATC mixing.
+
+    ``mix=False`` skips mixing, which trains N independent models (used to check the packed
+    execution against ordinary models).
+    """
+
+    def __init__(self, recipe: RecipeConfig, device: torch.device, *, mix: bool = True) -> None:
+        dec = recipe.decentralized
+        if dec is None:
+            raise ValueError("PackedEngine needs a recipe with a decentralized section")
+        self.recipe, self.device, self.mix = recipe, device, mix
+        self.num_models, self.topology, self.scheme = dec.num_models, dec.topology, dec.scheme
+        self.grad_clip = recipe.optimizer.grad_clip
+        self.average = build_model(recipe, torch.device("cpu"))  # seeded: same init as an ordinary run
+        self.model = PackedLlama(
+            self.average, self.num_models, device, reference_attention=uses_reference_attention(recipe)
+        )
+        self.average.to(device)
+        self.optimizer = PackedAdamW(
+            self.model.arena, self.model.grad_arena, self.model.layout.decay_mask(device), recipe.optimizer
+        )
+        self.consensus = build_consensus(recipe)
+        self._scratch = torch.empty_like(self.model.arena)
+        self.micro_batch_size = recipe.training.micro_batch_size
+        self._compiled_loss = self._loss
+        if uses_compile(recipe):
+            mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
+            self._compiled_loss = torch.compile(self._loss, mode=mode)
+
+    def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return local_losses(self.model, inputs, targets)
+
+    # ------------------------------------------------------------------ one update, in parts
+
+    def forward_backward(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Gradients of sum_i (worker i's mean CE) into the gradient arena; return the N local losses."""
+        workers = split_workers(blocks.to(self.device, non_blocking=True), self.num_models)
+        self.model.grad_arena.zero_()
+        # Full updates run compiled; a short epoch-ending one runs eagerly instead of recompiling.
+        loss_fn = self._compiled_loss if workers.shape[1] == self.micro_batch_size else self._loss
+        with compute_context(self.recipe, self.device):
+            local = loss_fn(workers[..., :-1], workers[..., 1:])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_LAYOUT_WARNING)
+            local.sum().backward()
+        return local.detach()
+
+    def clip(self) -> torch.Tensor:
+        return clip_per_worker_(self.model.grad_arena, self.grad_clip)
+
+    def gamma(self, lr: float, step: int) -> float:
+        if not self.mix:
+            return 0.0
+        return 1.0 if self.consensus is None else self.consensus.gamma(step, lr)
+
+    def mix_params(self, step: int, gamma: float) -> None:
+        mix_(self.model.arena, self.topology, step, gamma, self._scratch)
+
+    def apply_update(self, lr: float, step: int, gamma: float) -> None:
+        """Mixing and the AdamW step, in the scheme's order, from the (clipped) gradient arena."""
+        if self.scheme == "awc":  # mix, then step with the gradients of the pre-mix parameters
+            self.mix_params(step, gamma)
+            self.optimizer.step(lr)
+        else:  # atc: adapt, then combine
+            self.optimizer.step(lr)
+            self.mix_params(step, gamma)
+
+    def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
+        local = self.forward_backward(blocks)
+        norms = self.clip()
+        local_list, norm_list = local.tolist(), norms.tolist()
+        loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
+        if not all(math.isfinite(v) for v in local_list + norm_list):
+            self.model.grad_arena.zero_()
+            what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
+            raise NonFiniteError(step, f"non-finite {what} (local losses {local_list}, norms {norm_list})")
+        gamma = self.gamma(lr, step)
+        self.apply_update(lr, step, gamma)
+        tokens = blocks.shape[0] * (blocks.shape[1] - 1)
+        extra = {
+            "local_losses": local_list,
+            "local_grad_norms": norm_list,
+            "tokens_per_model": tokens // self.num_models,
+            "mixing_gamma": gamma,
+        }
+        return StepStats(loss=loss, grad_norm=grad_norm, tokens=tokens, extra=extra)
+
+    # ------------------------------------------------------------------ evaluation and state
+
+    def eval_model(self) -> nn.Module:
+        """An ordinary Llama holding the FP32 average of the workers."""
+        self.model.copy_average_to(self.average)
+        return self.average
+
+    def state_dict(self) -> dict:
+        return {
+            "packed_version": STATE_VERSION,
+            "num_models": self.num_models,
+            "layout": self.model.layout.metadata(),
+            "arena": self.model.arena.detach().clone(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("packed_version") != STATE_VERSION or state.get("num_models") != self.num_models:
+            raise ValueError("checkpoint is not a packed state for this number of models")
+        if state["layout"] != self.model.layout.metadata():
+            raise ValueError("checkpoint's packed parameter layout differs from this model's")
+        with torch.no_grad():
+            self.model.arena.copy_(state["arena"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def export_weights(self, path: Path) -> None:
+        """Averaged weights at ``path``; worker i's weights at ``<dir>/node-iii/<name>``."""
+        path = Path(path)
+        _write_safetensors(path, dict(self.eval_model().state_dict()))
+        for worker in range(self.num_models):
+            target = path.parent / f"node-{worker:03d}" / path.name
+            _write_safetensors(target, self.model.worker_state_dict(worker))
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
