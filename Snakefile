@@ -19,6 +19,7 @@ validate_workflow_config(config, "schemas/workflow_config.schema.yaml")
 
 include: "rules/data.smk"
 include: "rules/train.smk"
+include: "rules/tuning.smk"
 include: "rules/campaign.smk"
 include: "rules/report.smk"
 
@@ -31,10 +32,9 @@ rule all:
 
 rule data:
     input:
-        cache_dir(),
+        stage_targets("data"),
 
 
 rule runs:
     input:
-        run_results(),
-        run_evaluations(),
+        stage_targets("runs"),

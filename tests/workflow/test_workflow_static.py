@@ -97,3 +97,16 @@ def _load_yaml(path: Path) -> dict:
     import yaml
 
     return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    setup = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", setup, re.DOTALL)
+    commands = [line for block in blocks for line in block.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2, commands
+    demo, tests = commands
+    assert demo.startswith("pip install torch==2.13.0 && ") and demo.endswith("&& snakemake")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert tests in ci.splitlines()
+    assert "set -euo pipefail" in ci

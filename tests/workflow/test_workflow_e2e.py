@@ -1,0 +1,185 @@
+"""End to end on the CPU: a tiny workflow config runs corpus -> tokenizer -> cache -> training -> evaluation ->
+report; the training job is killed with SIGKILL mid-run, and rerunning the same command resumes it from its saved
+state, finishes, and a further rerun has nothing to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from workflow_helpers import snakemake, snakemake_command, tiny_config, write_config
+
+pytestmark = pytest.mark.slow
+
+RUN = "tiny-a"
+CHECKPOINT_EVERY = 4  # tiny_config's training.checkpoint_every
+
+
+@dataclass
+class Session:
+    returncode: int
+    output: str
+
+
+@dataclass
+class KilledAndResumed:
+    workdir: Path
+    config: Path
+    killed: Session
+    resumed: Session
+    rows_before: list[dict]
+    rows_after: list[dict]
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written right now
+    return rows
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def trainer_pid(snakemake_pid: int) -> int | None:
+    for pid in descendants(snakemake_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tiny_llm" in argv and b"train" in argv and b"--resume" in argv:
+            return pid
+    return None
+
+
+def kill_trainer_after_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> None:
+    """Wait until the training job has saved a resumable state and logged past it, then SIGKILL it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "snakemake ended before the training job could be killed"
+        steps = [row["step"] for row in metrics_rows(run_dir) if row.get("event") == "train"]
+        if (run_dir / "latest.pt").exists() and steps and max(steps) > CHECKPOINT_EVERY:
+            pid = trainer_pid(proc.pid)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.05)
+    raise AssertionError("the training job never saved a checkpoint")
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> KilledAndResumed:
+    workdir = tmp_path_factory.mktemp("workflow")
+    # Twice the tiny budget: long enough (~260 updates) to be killed mid-way on a busy machine.
+    overrides = {"training": {"tokens_per_parameter": 2.0}}
+    config = write_config(workdir / "tiny.yaml", tiny_config(**{RUN: {"size": "tiny", "overrides": overrides}}))
+    run_dir = workdir / "results" / "runs" / RUN
+    log = workdir / "first-session.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            snakemake_command(workdir, config, "runs", "--cores", "2"),
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            kill_trainer_after_checkpoint(proc, run_dir)
+            returncode = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    killed = Session(returncode, log.read_text())
+    rows_before = metrics_rows(run_dir)
+    second = snakemake(workdir, config, "runs", "--cores", "2", timeout=400)
+    resumed = Session(second.returncode, second.stdout + second.stderr)
+    return KilledAndResumed(workdir, config, killed, resumed, rows_before, metrics_rows(run_dir))
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:", 1)[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def test_killed_training_job_fails_the_first_session(killed_and_resumed: KilledAndResumed) -> None:
+    state = killed_and_resumed
+    assert state.killed.returncode != 0, state.killed.output
+    assert "Error in rule train_run" in state.killed.output
+    run_dir = state.workdir / "results" / "runs" / RUN
+    assert not (run_dir / "result.json").exists()
+    assert (run_dir / "latest.pt").exists()  # resumable state survives: it is not a declared output
+
+
+def test_rerun_resumes_from_the_saved_state(killed_and_resumed: KilledAndResumed) -> None:
+    state = killed_and_resumed
+    assert state.resumed.returncode == 0, state.resumed.output
+    # Only the unfinished work reran: no corpus, tokenizer or cache job in the second session.
+    assert set(job_counts(state.resumed.output)) == {"train_run", "evaluate_run", "plot_curves", "runs"}
+    before, after = state.rows_before, state.rows_after
+    common = 0
+    while common < min(len(before), len(after)) and before[common] == after[common]:
+        common += 1
+    new_train = [row for row in after[common:] if row.get("event") == "train"]
+    first_session = [row for row in before if row.get("event") == "train"]
+    assert new_train and first_session
+    # A restart would log its first update again; a resume continues past the saved state.
+    assert new_train[0]["step"] > first_session[0]["step"]
+    assert new_train[0]["step"] > CHECKPOINT_EVERY
+
+
+def test_resumed_run_completes_with_evaluation_and_report(killed_and_resumed: KilledAndResumed) -> None:
+    work = killed_and_resumed.workdir
+    result = json.loads((work / "results" / "runs" / RUN / "result.json").read_text())
+    evaluation = json.loads((work / "results" / "runs" / RUN / "evaluation.json").read_text())
+    final = result["final_validation"]
+    assert final["split"] == "full" and evaluation["split"] == "full"
+    assert evaluation["loss"] == pytest.approx(final["loss"], rel=1e-5)
+    comparison = json.loads((work / "results" / "report" / "runs" / "comparison.json").read_text())
+    assert [row["run"] for row in comparison] == [RUN]
+    assert (work / "results" / "report" / "runs" / "learning-curves.png").stat().st_size > 1000
+
+
+def test_rerun_after_success_has_nothing_to_do(killed_and_resumed: KilledAndResumed) -> None:
+    state = killed_and_resumed
+    proc = snakemake(state.workdir, state.config, "runs", "-n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_html_report_holds_the_run_table_and_curves(killed_and_resumed: KilledAndResumed) -> None:
+    state = killed_and_resumed
+    proc = snakemake(state.workdir, state.config, "runs", "--report", "report.html")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (state.workdir / "report.html").read_text(encoding="utf-8", errors="replace")
+    assert "learning-curves.png" in html and "report.md" in html
