@@ -1,0 +1,84 @@
+"""The tuner as Snakemake jobs: static DAG by rank, one job per candidate, selection, rerun is a no-op."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from workflow_helpers import REPO, snakemake, tiny_config, write_config
+
+from tiny_llm.config import load_recipe
+
+TINY_PROFILE = {
+    "size": "tiny",
+    "space": "cpu",
+    "data_mode": "synthetic",
+    "budget_minutes": 5,
+    "candidate_timeout_seconds": 120,
+    "min_start_seconds": 5,
+    "warmup": 1,
+    "steps": 1,
+    "windows": 3,
+    "stage1": [[8, False], [16, False]],
+    "attention_variants": ["math"],
+    "cpu_amp_variants": [False],
+    "threads": [1],
+}
+SLOTS = ["s1-m8-eager", "s1-m16-eager", "s2-r0-math", "s2-r1-math", "s3-r0-fp32", "s4-r0-t1"]
+
+
+def tuning_config(**profile) -> dict:
+    config = tiny_config()
+    config["runs"] = {}
+    config["tuning"] = {"default_profiles": [], "profiles": {"toy": {**TINY_PROFILE, **profile}}}
+    return config
+
+
+def test_shipped_demo_includes_cpu_tuning(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "results/cpu-tuning/selected.yaml" in proc.stdout
+    assert "python -m tiny_llm tune candidate" in proc.stdout
+
+
+def test_gh200_profile_dag_is_static(tmp_path: Path) -> None:
+    target = "results/gh200-tuning/selected.yaml"
+    proc = snakemake(tmp_path, REPO / "config" / "cluster.yaml", "-n", target)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # 32 sequences per update: all 8 stage-1 pairs, 2 x 2 attention, 2 compile modes, 3 thread counts
+    assert proc.stdout.count("rule bench_candidate:") == 8 + 4 + 2 + 3
+    assert "--slot s2-r1-cudnn" in proc.stdout and "--slot s4-r0-t8" in proc.stdout
+
+
+def test_bad_profile_is_rejected_naming_the_key(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", tuning_config(stage1=[[64, False]]))
+    proc = snakemake(tmp_path, config, "-n", "results/toy-tuning/selected.yaml")
+    assert proc.returncode != 0
+    assert (
+        "tuning.profiles.toy.stage1: every micro batch exceeds the 16 sequences" in proc.stdout + proc.stderr
+    )
+
+
+def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", tuning_config())
+    target = "results/toy-tuning/selected.yaml"
+    proc = snakemake(tmp_path, config, target, "--cores", "2", timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder = tmp_path / "results" / "toy-tuning"
+    results = {s: json.loads((folder / "candidates" / f"{s}.json").read_text()) for s in SLOTS}
+    assert all(r["status"] == "ok" for r in results.values())
+    assert results["s3-r0-fp32"]["reused_from"] is not None  # cpu_amp false is the parent itself
+    stage1 = sorted(SLOTS[:2], key=lambda s: -results[s]["tokens_per_second"])
+    assert results["s2-r0-math"]["parent"] == stage1[0] and results["s2-r1-math"]["parent"] == stage1[1]
+    summary = json.loads((folder / "summary.json").read_text())
+    best = summary["selected"]
+    assert best["tokens_per_second"] == max(r["tokens_per_second"] for r in results.values())
+    assert results[best["name"]]["reused_from"] is None
+    selected = load_recipe([str(folder / "selected.yaml")])
+    assert selected.training.micro_batch_size == summary["selected"]["settings"]["training.micro_batch_size"]
+    assert yaml.safe_load((folder / "selected.yaml").read_text())["model"]["vocab_size"] == 512
+    assert (folder / "throughput.png").stat().st_size > 0
+    assert json.loads((folder / "progress.json").read_text())["done"] == len(SLOTS)
+    again = snakemake(tmp_path, config, target, "--cores", "2")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
