@@ -1,6 +1,6 @@
-"""End to end on the CPU: a tiny workflow config runs corpus -> tokenizer -> cache -> training -> evaluation ->
-report; the training job is killed with SIGKILL mid-run, and rerunning the same command resumes it from its saved
-state, finishes, and a further rerun has nothing to do."""
+"""End to end on the CPU with a tiny workflow config: corpus -> tokenizer -> cache -> training ->
+evaluation -> report. The training job is killed with SIGKILL mid-run; rerunning the same command resumes it
+from its saved state and finishes; a further rerun has nothing to do."""
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> KilledAndRes
     workdir = tmp_path_factory.mktemp("workflow")
     # Twice the tiny budget: long enough (~260 updates) to be killed mid-way on a busy machine.
     overrides = {"training": {"tokens_per_parameter": 2.0}}
-    config = write_config(workdir / "tiny.yaml", tiny_config(**{RUN: {"size": "tiny", "overrides": overrides}}))
+    runs = {RUN: {"size": "tiny", "overrides": overrides}}
+    config = write_config(workdir / "tiny.yaml", tiny_config(**runs))
     run_dir = workdir / "results" / "runs" / RUN
     log = workdir / "first-session.log"
     with open(log, "w") as out:
