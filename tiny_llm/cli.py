@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("tiny_llm.commands.report", "comparison table, JSON, learning curves and best recipes of runs"),
     "benchmark-worker": ("tiny_llm.commands.benchmark_worker", "measure training throughput of a recipe"),
     "tune": ("tiny_llm.commands.tune", "staged throughput tuner: plan, candidate, select, run"),
+    "benchmark-packed-worker": ("tiny_llm.commands.benchmark_packed_worker", "time packed vs sequential N models"),
+    "benchmark-packed-summary": ("tiny_llm.commands.benchmark_packed_summary", "packed speedups and plot"),
 }
 
 
