@@ -12,7 +12,6 @@ Chrome trace and an operator table).
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 import traceback
@@ -30,8 +29,11 @@ from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
 from tiny_llm.train.device import autocast_dtype, peak_memory_bytes, setup_runtime, synchronize
 from tiny_llm.train.engine import NonFiniteError, build_engine
+from tiny_llm.train.environment import capture_environment
 
 MEMORY_LIMIT_FRACTION = 0.9
+# Allocator settings that change CPU throughput a lot (see SPEC §10); recorded with the numbers.
+ALLOCATOR_ENV = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,40 +65,6 @@ def check_gpu_name(device: torch.device, wanted: str | None) -> None:
             f"this tuning profile expects a GPU whose name contains '{wanted}', found {found}; "
             "use the profile for this hardware or set the profile's allow_other_gpu: true"
         )
-
-
-def environment_info(device: torch.device) -> dict[str, Any]:
-    """Hardware and software the numbers were measured on."""
-    info: dict[str, Any] = {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            gpu=torch.cuda.get_device_name(device),
-            gpu_capability=f"{props.major}.{props.minor}",
-            cuda=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-        )
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def total_memory_bytes(device: torch.device) -> int:
@@ -317,7 +285,8 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
         out["error"] = str(exc)
         return out
     check_gpu_name(device, options.require_gpu_name)
-    out["environment"] = environment_info(device)
+    allocator = {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ}
+    out["environment"] = capture_environment(device, allocator_env=allocator)
     out["total_memory_bytes"] = total_memory_bytes(device)
     try:
         _measure(recipe, device, options, out)
