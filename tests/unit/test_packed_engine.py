@@ -43,9 +43,9 @@ def test_packed_without_mixing_equals_independent_ordinary_models():
     data = batches(recipe, 3)
     for step, blocks in enumerate(data):
         lr = 3e-3 * (step + 1)
-        stats = engine.train_step(blocks, lr, step)
+        stats = engine.train_step(blocks, lr, step + 1)
         for i, model in enumerate(ordinary):
-            ref = model.train_step(blocks[i::2], lr, step)
+            ref = model.train_step(blocks[i::2], lr, step + 1)
             assert stats.extra["local_losses"][i] == pytest.approx(ref.loss, rel=1e-6, abs=1e-6)
             assert stats.extra["local_grad_norms"][i] == pytest.approx(ref.grad_norm, rel=1e-5)
         assert stats.extra["mixing_gamma"] == 0.0
@@ -76,7 +76,7 @@ def toy_update(scheme: str) -> torch.Tensor:
     engine = PackedEngine(recipe, CPU)
     engine.model.arena.copy_(torch.tensor([[1.0], [3.0]]).expand_as(engine.model.arena))
     engine.model.grad_arena.copy_(torch.tensor([[1.0], [-1.0]]).expand_as(engine.model.grad_arena))
-    engine.apply_update(lr=0.1, step=0, gamma=1.0)
+    engine.apply_update(lr=0.1, update=0, gamma=1.0)
     return engine.model.layout.views(engine.model.arena)["embed.weight"][:, 0, 0]
 
 
@@ -92,7 +92,7 @@ def test_mixing_follows_the_topology_each_step():
     engine = PackedEngine(recipe, CPU)
     rows = torch.arange(4.0).view(4, 1)
     engine.model.arena.copy_(rows.expand_as(engine.model.arena))
-    engine.mix_params(step=1, gamma=1.0)  # exponential, N=4, step 1: offset 2
+    engine.mix_params(update=1, gamma=1.0)  # exponential, N=4, second update: offset 2
     torch.testing.assert_close(engine.model.arena[:, 0], torch.tensor([1.0, 2.0, 1.0, 2.0]))
 
 
@@ -111,7 +111,7 @@ def test_averaged_evaluation_equals_the_mean_weights():
     recipe = packed_recipe("decentralized.topology=one_peer_ring")
     engine = PackedEngine(recipe, CPU, mix=False)
     for step, blocks in enumerate(batches(recipe, 2)):
-        engine.train_step(blocks, 1e-2, step)
+        engine.train_step(blocks, 1e-2, step + 1)
     workers = [engine.model.worker_state_dict(i) for i in range(2)]
     assert not torch.equal(workers[0]["embed.weight"], workers[1]["embed.weight"])
     manual = Llama(recipe.model)
@@ -128,18 +128,18 @@ def test_packed_state_resumes_bitwise():
     recipe = packed_recipe("decentralized.adaptive_consensus={start_frac: 0.01, p: 1.0}")
     data = batches(recipe, 4, seed=3)
     straight = PackedEngine(recipe, CPU)
-    for step, blocks in enumerate(data):
-        straight.train_step(blocks, 1e-2 / (step + 1), step)
+    for step, blocks in enumerate(data, start=1):
+        straight.train_step(blocks, 1e-2 / step, step)
     first = PackedEngine(recipe, CPU)
-    for step, blocks in enumerate(data[:2]):
-        first.train_step(blocks, 1e-2 / (step + 1), step)
+    for step, blocks in enumerate(data[:2], start=1):
+        first.train_step(blocks, 1e-2 / step, step)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
     buffer.seek(0)
     resumed = PackedEngine(recipe, CPU)
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    for step, blocks in enumerate(data[2:], start=2):
-        resumed.train_step(blocks, 1e-2 / (step + 1), step)
+    for step, blocks in enumerate(data[2:], start=3):
+        resumed.train_step(blocks, 1e-2 / step, step)
     assert torch.equal(resumed.model.arena, straight.model.arena)
     assert torch.equal(resumed.optimizer.exp_avg_sq, straight.optimizer.exp_avg_sq)
     other = PackedEngine(load_recipe(["packed4-tiny"]), CPU)  # four workers cannot load a two-worker state
@@ -150,17 +150,17 @@ def test_packed_state_resumes_bitwise():
 def test_short_update_and_non_finite_loss():
     recipe = packed_recipe()
     engine = PackedEngine(recipe, CPU)
-    stats = engine.train_step(batches(recipe, 1)[0][:6], 1e-3, 0)  # 3 blocks per worker instead of 4
+    stats = engine.train_step(batches(recipe, 1)[0][:6], 1e-3, 1)  # 3 blocks per worker instead of 4
     assert stats.tokens == 6 * 64 and stats.extra["tokens_per_model"] == 3 * 64
     engine.model.arena.mul_(float("nan"))
     with pytest.raises(NonFiniteError):
-        engine.train_step(batches(recipe, 1)[0], 1e-3, 1)
+        engine.train_step(batches(recipe, 1)[0], 1e-3, 2)
 
 
 def test_export_writes_average_and_per_worker_files(tmp_path):
     recipe = packed_recipe()
     engine = PackedEngine(recipe, CPU)
-    engine.train_step(batches(recipe, 1)[0], 1e-2, 0)
+    engine.train_step(batches(recipe, 1)[0], 1e-2, 1)
     engine.export_weights(tmp_path / "epoch-001.safetensors")
     root = load_file(tmp_path / "epoch-001.safetensors")
     nodes = [load_file(tmp_path / f"node-{i:03d}" / "epoch-001.safetensors") for i in range(2)]

@@ -101,24 +101,28 @@ class PackedEngine:
     def clip(self) -> torch.Tensor:
         return clip_per_worker_(self.model.grad_arena, self.grad_clip)
 
-    def gamma(self, lr: float, step: int) -> float:
+    def gamma(self, lr: float, update: int) -> float:
         if not self.mix:
             return 0.0
-        return 1.0 if self.consensus is None else self.consensus.gamma(step, lr)
+        return 1.0 if self.consensus is None else self.consensus.gamma(update, lr)
 
-    def mix_params(self, step: int, gamma: float) -> None:
-        mix_(self.model.arena, self.topology, step, gamma, self._scratch)
+    def mix_params(self, update: int, gamma: float) -> None:
+        """Mix the parameter arena with the topology's matrix of 0-based update ``update``."""
+        mix_(self.model.arena, self.topology, update, gamma, self._scratch)
 
-    def apply_update(self, lr: float, step: int, gamma: float) -> None:
+    def apply_update(self, lr: float, update: int, gamma: float) -> None:
         """Mixing and the AdamW step, in the scheme's order, from the (clipped) gradient arena."""
         if self.scheme == "awc":  # mix, then step with the gradients of the pre-mix parameters
-            self.mix_params(step, gamma)
+            self.mix_params(update, gamma)
             self.optimizer.step(lr)
         else:  # atc: adapt, then combine
             self.optimizer.step(lr)
-            self.mix_params(step, gamma)
+            self.mix_params(update, gamma)
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
+        """One update; ``step`` is its 1-based number (the trainer's convention), so peers and adaptive
+        consensus use the 0-based update index step - 1."""
+        update = step - 1
         local = self.forward_backward(blocks)
         norms = self.clip()
         local_list, norm_list = local.tolist(), norms.tolist()
@@ -127,8 +131,8 @@ class PackedEngine:
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
             raise NonFiniteError(step, f"non-finite {what} (local losses {local_list}, norms {norm_list})")
-        gamma = self.gamma(lr, step)
-        self.apply_update(lr, step, gamma)
+        gamma = self.gamma(lr, update)
+        self.apply_update(lr, update, gamma)
         tokens = blocks.shape[0] * (blocks.shape[1] - 1)
         extra = {
             "local_losses": local_list,

@@ -1,0 +1,65 @@
+"""Packed benchmark summary: pair packed and sequential results, speedups, a plot (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pair packed and sequential results by (num_models, compile).
+
+    speedup = sequential s/step / packed s/step; memory_ratio = packed / sequential peak memory.
+    """
+    pairs: dict[tuple[int, bool], dict[str, dict]] = {}
+    for result in results:
+        if not {"num_models", "compile", "execution", "status"} <= set(result):
+            raise ValueError(
+                "not a benchmark-packed-worker result (num_models/compile/execution/status missing)"
+            )
+        pairs.setdefault((result["num_models"], result["compile"]), {})[result["execution"]] = result
+    rows = []
+    for (n, compiled), pair in sorted(pairs.items()):
+        packed, sequential = pair.get("packed"), pair.get("sequential")
+        row: dict[str, Any] = {"num_models": n, "compile": compiled}
+        for name, result in (("packed", packed), ("sequential", sequential)):
+            row[name] = None if result is None else _brief(result)
+        ok = all(r is not None and r["status"] == "ok" for r in (packed, sequential))
+        row["speedup"] = sequential["seconds_per_step"] / packed["seconds_per_step"] if ok else None
+        row["memory_ratio"] = packed["peak_memory_bytes"] / sequential["peak_memory_bytes"] if ok else None
+        rows.append(row)
+    return {"rows": rows, "definition": "speedup = sequential seconds/step / packed seconds/step"}
+
+
+def _brief(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("status", "seconds_per_step", "tokens_per_second", "peak_memory_bytes", "components", "error")
+    return {k: result[k] for k in keys if k in result}
+
+
+def plot_summary(summary: dict[str, Any], path: Path) -> None:
+    """Speedup and peak memory against N, one line per compile setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for compiled in (True, False):
+        rows = [r for r in summary["rows"] if r["compile"] == compiled and r["speedup"] is not None]
+        if not rows:
+            continue
+        label = "compiled" if compiled else "eager"
+        ns = [r["num_models"] for r in rows]
+        left.plot(ns, [r["speedup"] for r in rows], marker="o", label=label)
+        for name, style in (("packed", "-"), ("sequential", "--")):
+            gib = [r[name]["peak_memory_bytes"] / 2**30 for r in rows]
+            right.plot(ns, gib, style, marker="o", label=f"{name}, {label}")
+    left.axhline(1.0, color="grey", linewidth=0.8)
+    left.set(xlabel="models N", ylabel="speedup (sequential / packed s/step)", title="Packed speedup")
+    right.set(xlabel="models N", ylabel="peak memory (GiB)", title="Peak memory")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
