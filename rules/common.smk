@@ -2,7 +2,9 @@
 # per-size resources, the token-cache budget and the registry of default targets.
 # Functions only; the stage files hold the rules. Nothing here imports torch (parsing and `-n` stay fast).
 
+import copy
 import difflib
+import functools
 import json
 import shlex
 from collections.abc import Callable
@@ -14,7 +16,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from tiny_llm.budget import make_budget
-from tiny_llm.config import RecipeConfig, deep_merge, load_recipe
+from tiny_llm.config import RecipeConfig, deep_merge, read_config_source, recipe_from_dict
 from tiny_llm.errors import ConfigError
 
 # Bump when a library change is meant to change training results: training rules carry it as a param, so a bump
@@ -35,7 +37,8 @@ CACHE_FIELDS = ("dataset", "dataset_revision", "tokenizer", "tokenizer_revision"
 
 def validate_workflow_config(config: dict, schema_file: str) -> None:
     """Reject unknown keys and wrong types with one line each, then fill the schema's defaults."""
-    schema = yaml.safe_load((Path(workflow.basedir) / schema_file).read_text(encoding="utf-8"))
+    text = (Path(workflow.basedir) / schema_file).read_text(encoding="utf-8")
+    schema = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     errors = sorted(
         jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
     )
@@ -168,9 +171,14 @@ def flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 def set_value(value: object) -> str:
     """A --set value the library parses back to ``value`` (YAML): plain strings stay bare, the rest is JSON."""
-    if isinstance(value, str) and value.strip() == value and yaml.safe_load(value) == value:
+    if isinstance(value, str) and _reads_back(value):
         return value
     return json.dumps(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_back(text: str) -> bool:
+    return text.strip() == text and yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == text
 
 
 def size_overrides(size: str, overrides: dict | None = None) -> dict:
@@ -193,12 +201,21 @@ def recipe_args(size: str, overrides: dict | None = None, configs: tuple[str, ..
 
 
 def load_size_recipe(size: str, overrides: dict | None = None, where: str | None = None) -> RecipeConfig:
-    """The validated recipe `recipe_args(size, overrides)` describes (the same merge the CLI performs)."""
-    sets = [f"{key}={set_value(value)}" for key, value in flatten(size_overrides(size, overrides))]
+    """The validated recipe `recipe_args(size, overrides)` describes (the merge the CLI performs)."""
     try:
-        return load_recipe([config["sizes"][size]["preset"]], sets)
+        preset = _preset(config["sizes"][size]["preset"])
+        return recipe_from_dict(deep_merge(preset, size_overrides(size, overrides)))
     except ConfigError as exc:
         raise WorkflowError(f"{where or f'sizes.{size}'}: {exc}") from None
+
+
+_PRESETS: dict[str, dict] = {}
+
+
+def _preset(source: str) -> dict:
+    if source not in _PRESETS:
+        _PRESETS[source] = read_config_source(source)
+    return copy.deepcopy(_PRESETS[source])
 
 
 _SIZE_RECIPES: dict[str, RecipeConfig] = {}

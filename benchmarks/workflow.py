@@ -1,0 +1,111 @@
+"""Workflow timings, printed as JSON.
+
+    python benchmarks/workflow.py dry-run [--repeat 5]     # `snakemake -n` of the full default DAG
+    python benchmarks/workflow.py demo --workdir DIR       # the embedded demo (default target) from scratch
+
+Both run the repository's Snakefile with workflow_config.yaml in a scratch working directory, so the
+repository's own results/ are neither used nor touched. `demo` also reports the wall time of every job, read
+from Snakemake's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(REPO / "workflow_config.yaml"),
+        *args,
+    ]
+
+
+def dry_run(repeat: int) -> dict:
+    seconds, jobs = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            start = time.perf_counter()
+            proc = subprocess.run(snakemake_cmd(Path(tmp), "-n"), capture_output=True, text=True, check=True)
+            seconds.append(time.perf_counter() - start)
+            match = re.search(r"^total\s+(\d+)$", proc.stdout, re.MULTILINE)
+            jobs = int(match.group(1)) if match else None
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "snakemake", "--version"], capture_output=True, check=True)
+        startup = time.perf_counter() - start
+    return {
+        "benchmark": "snakemake -n (full default DAG)",
+        "jobs": jobs,
+        "seconds": [round(s, 3) for s in seconds],
+        "median_seconds": round(statistics.median(seconds), 3),
+        "snakemake_version_seconds": round(startup, 3),
+    }
+
+
+def job_times(workdir: Path) -> list[dict]:
+    """(rule, output, seconds) of every job, from .snakemake/metadata (one JSON record per output file)."""
+    rows = {}
+    for path in (workdir / ".snakemake" / "metadata").glob("*"):
+        try:
+            record = json.loads(path.read_text())
+            output = base64.b64decode(path.name.replace("@", "/")).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if record.get("starttime") and record.get("endtime"):
+            key = (record.get("rule"), record["starttime"])
+            rows.setdefault(key, {"rule": record.get("rule"), "output": output})
+            rows[key]["seconds"] = round(record["endtime"] - record["starttime"], 2)
+    return sorted(rows.values(), key=lambda row: -row["seconds"])
+
+
+def demo(workdir: Path, cores: str) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if any(workdir.iterdir()):
+        raise SystemExit(f"{workdir} is not empty; the demo benchmark starts from scratch")
+    start = time.perf_counter()
+    proc = subprocess.run(snakemake_cmd(workdir, "--cores", cores), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"demo failed (exit {proc.returncode})")
+    return {
+        "benchmark": "embedded demo, default target, from scratch",
+        "cores": cores,
+        "wall_seconds": round(wall, 1),
+        "jobs": job_times(workdir),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    dry = sub.add_parser("dry-run")
+    dry.add_argument("--repeat", type=int, default=5)
+    full = sub.add_parser("demo")
+    full.add_argument("--workdir", type=Path, required=True)
+    full.add_argument("--cores", default="all")
+    args = parser.parse_args()
+    result = dry_run(args.repeat) if args.what == "dry-run" else demo(args.workdir, args.cores)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
