@@ -37,7 +37,9 @@ class TrainLoader:
         seed: int,
         buffer_size_mib: int = 64,
         prefetch: bool = True,
+        blocks_per_range: int | None = None,
     ) -> None:
+        """``blocks_per_range`` overrides the range size derived from ``buffer_size_mib`` (tests)."""
         if context_length < 1 or num_blocks < 1 or buffer_size_mib < 1:
             raise ValueError("context_length, num_blocks and buffer_size_mib must be positive")
         cache.check_capacity(num_blocks * context_length + 1)
@@ -48,7 +50,8 @@ class TrainLoader:
         self.prefetch = prefetch
         self.cursor = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader") if prefetch else None
-        self._plan(max(1, (buffer_size_mib << 20) // (DTYPE.itemsize * context_length)))
+        derived = max(1, (buffer_size_mib << 20) // (DTYPE.itemsize * context_length))
+        self._plan(blocks_per_range or derived)
 
     def _plan(self, blocks_per_range: int) -> None:
         """Visiting order of the ranges and where each starts in the sample sequence."""

@@ -151,8 +151,7 @@ def _check_validation(cache: TokenCache, cap: int | None) -> None:
 def _write_cache(partial: Path, recipe: RecipeConfig, need: int, progress: bool) -> dict[str, Any]:
     data = recipe.data
     source = resolve_source(data.dataset, data.dataset_revision)
-    for split in ("train", "validation"):
-        source.data_files(split)  # fail on missing files before any work
+    source.check_available()
     tokenizer = load_tokenizer(data.tokenizer, data.tokenizer_revision)
     check_tokenizer(tokenizer, recipe.model.vocab_size, data.tokenizer)
     (partial / "tokenizer").mkdir()

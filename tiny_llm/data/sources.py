@@ -87,6 +87,13 @@ class CorpusSource:
     def is_local(self) -> bool:
         return self.local_dir is not None
 
+    def check_available(self) -> None:
+        """Fail before any work: local files of both splits exist, or the hub is usable."""
+        for split in SPLITS:
+            self.data_files(split)
+        if not self.is_local:
+            require_hub(f"dataset {self.dataset}")
+
     def data_files(self, split: Split) -> list[str]:
         """The files (local) or the hf:// pattern (hub) of one split."""
         pattern = f"c4-{split}.*.json.gz"
@@ -108,10 +115,15 @@ class CorpusSource:
         files = self.data_files(split)
         if not self.is_local:
             require_hub(f"dataset {self.dataset}")
-        stream = _open_stream(files, self.dataset, split)
-        if shuffle_seed is not None and shuffle_buffer > 1:
-            stream = stream.shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)
-        iterator = iter(stream.select_columns(["text"]).iter(batch_size=batch_size))
+        try:  # load_dataset already reads the first file to infer its columns
+            stream = _open_stream(files, self.dataset, split)
+            if shuffle_seed is not None and shuffle_buffer > 1:
+                stream = stream.shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)
+            iterator = iter(stream.select_columns(["text"]).iter(batch_size=batch_size))
+        except DataError:
+            raise
+        except Exception as exc:
+            raise self._read_error(split, files, exc) from None
         while True:
             try:
                 batch = next(iterator)

@@ -1,0 +1,116 @@
+"""Token-cache preparation throughput vs the tokenizer's own batch-encode throughput, on the same text.
+
+    python benchmarks/prepare_throughput.py [--corpus DIR] [--tokenizer PATH] [--repeat 4] [--output X.json]
+
+Without --corpus the embedded demo corpus is built (repeated --repeat times, so the timed part is long
+enough); without --tokenizer a 4,096-token byte-level BPE is trained on it. Both measurements see the same
+documents: (1) every document of both splits, already in memory, encoded with the tokenizer's batch call
+at data.tokenize_batch_size; (2) `prepare_cache` end to end (read .json.gz, shuffle, encode, EOS,
+uint16 shards, sha256, fsync, manifest). Prints one JSON object; ``ratio`` = (2) / (1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def build_corpus(work: Path, repeat: int) -> Path:
+    from tiny_llm.data.corpus import Document, demo_documents, split_documents, write_c4_dir
+
+    train, validation = split_documents(demo_documents(), 0.05)
+    copies = [Document(d.text, f"{d.url}?copy={i}") for i in range(repeat) for d in train]
+    write_c4_dir(work / "corpus", copies, validation)
+    return work / "corpus"
+
+
+def read_all(corpus: Path, batch_size: int) -> dict[str, list[list[str]]]:
+    from tiny_llm.data.sources import resolve_source
+
+    source = resolve_source(str(corpus), None)
+    return {split: list(source.iter_texts(split, batch_size)) for split in ("validation", "train")}
+
+
+def encode_throughput(tokenizer, batches: dict[str, list[list[str]]]) -> tuple[dict[str, int], float]:
+    """Tokens per split (with the EOS prepare appends) and the seconds the batch calls took."""
+    started = time.perf_counter()
+    tokens = {}
+    for split, split_batches in batches.items():
+        # +1 per document: the EOS that prepare appends
+        tokens[split] = sum(len(ids) + 1 for texts in split_batches for ids in tokenizer.encode_batch(texts))
+    return tokens, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", help="C4-format directory (default: the demo corpus, repeated)")
+    parser.add_argument("--tokenizer", help="tokenizer path (default: train a 4,096-token BPE on the corpus)")
+    parser.add_argument("--repeat", type=int, default=4, help="copies of the demo train split (default 4)")
+    parser.add_argument("--batch-size", type=int, default=256, help="data.tokenize_batch_size")
+    parser.add_argument("--output", help="also write the JSON here")
+    args = parser.parse_args()
+
+    from tiny_llm.config import load_recipe
+    from tiny_llm.data.prepare import prepare_cache
+    from tiny_llm.data.tokenizer import load_tokenizer, train_tokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="prepare-bench-"))
+    try:
+        corpus = Path(args.corpus) if args.corpus else build_corpus(work, args.repeat)
+        batches = read_all(corpus, args.batch_size)
+        if args.tokenizer:
+            tokenizer_path = args.tokenizer
+        else:
+            tokenizer_path = str(work / "tokenizer")
+            texts = (t for batch in batches["train"] for t in batch)
+            train_tokenizer(texts, 4096, Path(tokenizer_path))
+        tokenizer = load_tokenizer(tokenizer_path)
+        split_tokens, encode_seconds = encode_throughput(tokenizer, batches)
+        encode_tokens, train_tokens = sum(split_tokens.values()), split_tokens["train"]
+        recipe = load_recipe(
+            ["demo-l"],
+            [
+                f"model.vocab_size={tokenizer.vocab_size}",
+                f"data.dataset={corpus}",
+                f"data.tokenizer={tokenizer_path}",
+                f"data.cache_dir={work / 'cache'}",
+                f"data.prepare_train_tokens={train_tokens}",
+                f"data.tokenize_batch_size={args.batch_size}",
+            ],
+        )
+        result = prepare_cache(recipe, progress=False)
+        prepared = result.train_tokens + result.validation_tokens
+        report = {
+            "benchmark": "prepare_throughput",
+            "corpus": str(corpus) if args.corpus else f"demo corpus, train x{args.repeat}",
+            "tokenizer": tokenizer_path if args.tokenizer else "byte-level BPE 4096 trained on the corpus",
+            "tokenize_batch_size": args.batch_size,
+            "tokens": prepared,
+            "encode_tokens": encode_tokens,
+            "encode_seconds": round(encode_seconds, 3),
+            "encode_tokens_per_second": round(encode_tokens / encode_seconds),
+            "prepare_seconds": round(result.seconds, 3),
+            "prepare_tokens_per_second": round(prepared / result.seconds),
+            "ratio": round((prepared / result.seconds) / (encode_tokens / encode_seconds), 3),
+            "cpu_count": os.cpu_count(),
+            "rayon_num_threads": os.environ.get("RAYON_NUM_THREADS"),
+            "python": platform.python_version(),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

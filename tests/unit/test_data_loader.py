@@ -1,0 +1,133 @@
+"""Training loader and validation data: block layout, order, prefetch, resume, padding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from data_helpers import synthetic_cache
+
+from tiny_llm.data.cache import open_cache
+from tiny_llm.data.loader import (
+    IGNORE_INDEX,
+    TrainLoader,
+    iter_validation,
+    validation_num_targets,
+    validation_subset,
+)
+from tiny_llm.errors import DataError, RunStateError
+
+L = 8
+NUM_BLOCKS = 61  # four ranges of 16 blocks, the last one short
+
+
+@pytest.fixture(scope="module")
+def counting_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Token i == i, so a block reveals its position; shards of 100 tokens make blocks cross shards."""
+    path = tmp_path_factory.mktemp("counting") / "cache"
+    synthetic_cache(path, np.arange(NUM_BLOCKS * L + 1), np.arange(1000, 1000 + 5 * L + 3), shard_tokens=100)
+    cache = open_cache(path)
+    yield cache
+    cache.close()
+
+
+def loader(cache, prefetch: bool = True, seed: int = 7) -> TrainLoader:
+    return TrainLoader(cache, L, NUM_BLOCKS, seed, prefetch=prefetch, blocks_per_range=16)
+
+
+def read_all(train_loader: TrainLoader, sizes: list[int]) -> torch.Tensor:
+    parts = [train_loader.next_blocks(n) for n in sizes]
+    train_loader.close()
+    return torch.cat(parts)
+
+
+def test_every_token_is_a_target_exactly_once(counting_cache):
+    blocks = read_all(loader(counting_cache), [NUM_BLOCKS])
+    assert blocks.dtype == torch.int64 and blocks.shape == (NUM_BLOCKS, L + 1)
+    starts = blocks[:, 0]
+    assert sorted(starts.tolist()) == [k * L for k in range(NUM_BLOCKS)]
+    assert torch.equal(blocks, starts[:, None] + torch.arange(L + 1))  # contiguous, one-token overlap
+    targets = blocks[:, 1:].flatten()
+    assert sorted(targets.tolist()) == list(range(1, NUM_BLOCKS * L + 1))
+    assert starts.tolist() != sorted(starts.tolist())  # shuffled
+
+
+def test_order_is_seeded_and_independent_of_prefetch_and_call_sizes(counting_cache):
+    reference = read_all(loader(counting_cache, prefetch=True), [NUM_BLOCKS])
+    assert torch.equal(read_all(loader(counting_cache, prefetch=False), [NUM_BLOCKS]), reference)
+    assert torch.equal(read_all(loader(counting_cache, prefetch=True), [5, 17, 1, 30, 8]), reference)
+    assert not torch.equal(read_all(loader(counting_cache, seed=8), [NUM_BLOCKS]), reference)
+
+
+def test_resume_at_every_cursor_continues_the_same_sequence(counting_cache):
+    reference = read_all(loader(counting_cache), [NUM_BLOCKS])
+    for cursor in range(NUM_BLOCKS + 1):
+        first = loader(counting_cache)
+        first.next_blocks(cursor)
+        state = first.state_dict()
+        first.close()
+        assert state["cursor"] == cursor
+        resumed = TrainLoader(counting_cache, L, NUM_BLOCKS, 7, prefetch=cursor % 2 == 0, buffer_size_mib=2)
+        resumed.load_state_dict(state)  # the saved range size wins over the new buffer size
+        assert torch.equal(read_all(resumed, [NUM_BLOCKS - cursor]), reference[cursor:])
+
+
+def test_resume_refuses_another_order(counting_cache):
+    state = loader(counting_cache).state_dict()
+    other = TrainLoader(counting_cache, L, NUM_BLOCKS, seed=8)
+    with pytest.raises(RunStateError, match="seed"):
+        other.load_state_dict(state)
+    with pytest.raises(DataError, match="remain"):
+        other.next_blocks(NUM_BLOCKS + 1)
+    other.close()
+
+
+def test_capacity_is_checked(counting_cache):
+    with pytest.raises(DataError, match=f"cache too small: need {(NUM_BLOCKS + 1) * L + 1} tokens, have"):
+        TrainLoader(counting_cache, L, NUM_BLOCKS + 1, 0)
+
+
+def test_validation_is_padded_and_counts_every_target_once(counting_cache):
+    total = counting_cache.num_tokens("validation")  # 43 tokens = 42 targets = 5 full blocks + 2
+    inputs, targets = (torch.cat(parts) for parts in zip(*iter_validation(counting_cache, L, 2), strict=True))
+    assert inputs.shape == targets.shape == (6, L)
+    valid = targets != IGNORE_INDEX
+    assert int(valid.sum()) == validation_num_targets(counting_cache) == total - 1
+    assert targets[valid].tolist() == list(range(1001, 1000 + total))
+    assert inputs.flatten()[: total - 1].tolist() == list(range(1000, 1000 + total - 1))
+    assert inputs[-1, :3].tolist() == [1040, 1041, 1042]  # the last token is an input without a target
+    assert inputs[-1, 3:].eq(0).all() and targets[-1, 2:].eq(IGNORE_INDEX).all()
+
+
+def test_validation_subset_is_sorted_seeded_and_full_blocks(counting_cache):
+    subset = validation_subset(counting_cache, L, 3, seed=12345)
+    chosen = np.sort(np.random.default_rng(12345).choice(5, size=3, replace=False))
+    assert torch.equal(subset[:, 0], torch.as_tensor(1000 + chosen * L))
+    assert torch.equal(subset, subset[:, :1] + torch.arange(L + 1))
+    assert validation_subset(counting_cache, L, 99, seed=1).shape == (5, L + 1)
+
+
+def test_blocks_cross_shards_and_documents_in_a_prepared_cache(tiny_cache: Path):
+    with open_cache(tiny_cache) as cache:
+        shard_tokens = cache.manifest["splits"]["train"]["shards"][0]["tokens"]
+        raw = np.concatenate(
+            [
+                np.fromfile(tiny_cache / s["file"], dtype="<u2")
+                for s in cache.manifest["splits"]["train"]["shards"]
+            ]
+        )
+        context, num_blocks = 64, 2000
+        train_loader = TrainLoader(cache, context, num_blocks, seed=42, buffer_size_mib=1)
+        blocks = read_all(train_loader, [num_blocks]).numpy()
+    expected = np.lib.stride_tricks.sliding_window_view(raw[: num_blocks * context + 1], context + 1)[
+        ::context
+    ]
+    assert sorted(map(tuple, blocks.tolist())) == sorted(map(tuple, expected.tolist()))
+    crossing = shard_tokens // context - 1  # its last token is the first of the second shard
+    assert crossing * context < shard_tokens < (crossing + 1) * context + 1
+    assert np.array_equal(expected[crossing], raw[crossing * context : (crossing + 1) * context + 1])
+    assert any(np.array_equal(row, expected[crossing]) for row in blocks)
+    eos = cache.eos_token_id
+    assert any(eos in row[1:-1] for row in blocks)  # documents are not aligned to blocks
