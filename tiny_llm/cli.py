@@ -17,6 +17,8 @@ from tiny_llm.errors import TinyLLMError
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("tiny_llm.commands.train", "train (or resume) one recipe into runtime.output_dir"),
+    "evaluate": ("tiny_llm.commands.evaluate", "validation loss of a checkpoint as JSON"),
     "describe": ("tiny_llm.commands.describe", "print a recipe's parameters, budget and cache needs as JSON"),
     "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),
     "build-demo-corpus": ("tiny_llm.commands.build_demo_corpus", "write the demo corpus as C4-format shards"),

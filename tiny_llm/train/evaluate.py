@@ -1,0 +1,144 @@
+"""Validation loss: per-target FP32 cross entropy accumulated in FP64, so batch size changes only rounding."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tiny_llm.config import RecipeConfig
+from tiny_llm.model import Llama, token_losses
+from tiny_llm.train.device import compute_context, synchronize
+
+
+class EvaluationAborted(Exception):
+    """A stop was requested during evaluation."""
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    tokens: int
+    """Valid targets evaluated."""
+    seconds: float
+    split: str
+    """'subset' or 'full'."""
+    validation_complete: bool
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss) if self.loss < 700 else math.inf
+
+    def as_dict(self) -> dict[str, float | int | str | bool]:
+        return {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "split": self.split,
+            "validation_complete": self.validation_complete,
+        }
+
+
+def subset_batches(blocks: torch.Tensor, batch_size: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    for chunk in blocks.split(batch_size):
+        yield chunk[:, :-1], chunk[:, 1:]
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    recipe: RecipeConfig,
+    device: torch.device,
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[float, int]:
+    """(mean loss, valid targets) over (inputs, targets) batches; targets -100 are ignored."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    try:
+        for inputs, targets in batches:
+            if should_stop is not None and should_stop():
+                raise EvaluationAborted()
+            targets = targets.to(device, non_blocking=True)
+            with compute_context(recipe, device):
+                losses = token_losses(model, inputs.to(device, non_blocking=True), targets)
+            total += losses.double().sum()
+            count += int((targets != -100).sum())
+    finally:
+        model.train(was_training)
+    if count == 0:
+        return math.nan, 0
+    return total.item() / count, count
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    recipe: RecipeConfig,
+    device: torch.device,
+    *,
+    split: str,
+    validation_complete: bool,
+    should_stop: Callable[[], bool] | None = None,
+) -> EvalResult:
+    start = time.perf_counter()
+    loss, tokens = evaluate_batches(model, batches, recipe, device, should_stop)
+    synchronize(device)
+    return EvalResult(loss, tokens, time.perf_counter() - start, split, validation_complete)
+
+
+def load_weights(model: Llama, path: Path) -> None:
+    """Load a model's weights from .safetensors into ``model`` (strict)."""
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(path), device="cpu"))
+
+
+def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:
+    """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model)."""
+    from tiny_llm.data.cache import open_cache
+    from tiny_llm.data.loader import iter_validation, validation_subset
+    from tiny_llm.errors import DataError
+    from tiny_llm.train.checkpoint import load_state
+    from tiny_llm.train.device import setup_runtime
+    from tiny_llm.train.engine import build_engine, build_model
+
+    if not path.is_file():
+        raise DataError(f"checkpoint not found: {path}")
+    device = setup_runtime(recipe)
+    cache = open_cache(recipe.data.cache_dir, verify=True)
+    cache.check_compatible(recipe)
+    if path.suffix == ".safetensors":
+        model: nn.Module = build_model(recipe, device)
+        try:
+            load_weights(model, path)
+        except Exception as exc:
+            raise DataError(
+                f"{path}: weights do not fit the recipe's model ({str(exc).splitlines()[0]})"
+            ) from None
+    elif path.suffix == ".pt":
+        engine = build_engine(recipe, device)
+        engine.load_state_dict(load_state(path)["engine"])
+        model = engine.eval_model()
+    else:
+        raise DataError(f"{path}: expected a .safetensors weights file or a .pt training state")
+    L, batch = recipe.model.context_length, recipe.evaluation.batch_size
+    if full:
+        batches = iter_validation(cache, L, batch)
+    else:
+        batches = subset_batches(
+            validation_subset(cache, L, recipe.evaluation.subset_blocks, recipe.evaluation.seed), batch
+        )
+    split = "full" if full else "subset"
+    result = evaluate(
+        model, batches, recipe, device, split=split, validation_complete=cache.validation_complete
+    )
+    return {**result.as_dict(), "checkpoint": str(path)}

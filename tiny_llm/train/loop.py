@@ -1,0 +1,446 @@
+"""The training run: budgeted updates, per-epoch validation, checkpoints, resume, signals, results.
+
+Exit codes: 0 complete, 130 interrupted (state saved when the policy allows), 1 failed (status.json says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tiny_llm.budget import Budget, flops_per_token, lr_at, make_budget
+from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_payload, recipe_to_dict
+from tiny_llm.data.cache import TokenCache, open_cache
+from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
+from tiny_llm.errors import RunStateError
+from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
+from tiny_llm.model import count_parameters, loss_sum
+from tiny_llm.train import checkpoint, signals
+from tiny_llm.train.device import (
+    compute_context,
+    dispatched_attention_kernels,
+    peak_memory_bytes,
+    setup_runtime,
+    uses_compile,
+)
+from tiny_llm.train.engine import Engine, NonFiniteError, UpdateAborted, build_engine
+from tiny_llm.train.environment import capture_environment, device_name
+from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
+from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line, peak_flops
+
+EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+class Interrupted(Exception):
+    """Stop requested; the loop saves what the policy allows and exits 130."""
+
+
+@dataclass
+class Progress:
+    """Everything about the run's position that a resume must restore (besides weights and loader)."""
+
+    step: int = 0
+    blocks: int = 0
+    tokens: int = 0
+    epochs_done: int = 0
+    pending_epoch: int | None = None
+    """Epoch whose end-of-epoch validation has not run yet (an interruption during validation)."""
+    best_epoch: int | None = None
+    best_loss: float | None = None
+    best_weights: str | None = None
+    training_seconds: float = 0.0
+    window: Window = field(default_factory=Window)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Progress:
+        return cls(**{**data, "window": Window(**data["window"])})
+
+
+class Trainer:
+    def __init__(self, recipe: RecipeConfig, run_dir: Path, log: RunLog) -> None:
+        self.recipe = recipe
+        self.run_dir = run_dir
+        self.log = log
+        self.session_start = time.perf_counter()
+        self.device = setup_runtime(recipe)
+        self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
+        self.cache.check_compatible(recipe)
+        self.budget: Budget = make_budget(recipe)
+        self.cache.check_capacity(self.budget.cache_tokens_needed)
+        self.identity = recipe_identity(recipe, self.cache.identity)
+        self.cache_context = recipe.model.context_length
+        self.schedule = self.budget.update_schedule()
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.progress = Progress()
+        self.session_tokens = 0
+        self.session_updates = 0
+        self.session_update_seconds = 0.0
+        self.first_update_at: float | None = None
+        self.policy = recipe.training.checkpoint_policy
+        self.engine: Engine | None = None
+        self.loader: TrainLoader | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    def start(self, resume_path: Path | None) -> None:
+        state = checkpoint.load_state(resume_path) if resume_path else None
+        if state is not None:
+            self._check_compatible(state, resume_path)
+        self.engine = build_engine(self.recipe, self.device)
+        self.loader = TrainLoader(
+            self.cache,
+            context_length=self.recipe.model.context_length,
+            num_blocks=self.budget.num_blocks,
+            seed=self.recipe.runtime.seed,
+            buffer_size_mib=self.recipe.data.buffer_size_mib,
+            prefetch=self.recipe.data.prefetch,
+        )
+        if state is None:
+            self.metrics.reset()
+            for name in ("best.json", "result.json"):
+                (self.run_dir / name).unlink(missing_ok=True)
+            b = self.budget
+            self.log(f"start: {b.num_updates} updates, {b.tokens} tokens, {b.num_epochs} epochs")
+        else:
+            self._restore(state)
+            self.log(f"resumed from {resume_path} at step {self.progress.step}/{self.budget.num_updates}")
+        atomic_write_yaml(self.run_dir / "resolved.yaml", recipe_to_dict(self.recipe))
+        self._write_status("running")
+        self._write_environment()
+        self.subset = validation_subset(
+            self.cache,
+            self.recipe.model.context_length,
+            self.recipe.evaluation.subset_blocks,
+            self.recipe.evaluation.seed,
+        )
+
+    def _check_compatible(self, state: dict[str, Any], path: Path) -> None:
+        if state["recipe_identity"] == self.identity:
+            return
+        from tiny_llm.config import identity_differences
+
+        diffs = identity_differences(state["identity_payload"], recipe_identity_payload(self.recipe))
+        if state.get("cache_identity") != self.cache.identity:
+            diffs.append(f"token cache identity {state.get('cache_identity')} -> {self.cache.identity}")
+        raise RunStateError(
+            f"cannot resume {path}: the recipe changed ({'; '.join(diffs) or 'identity'}); "
+            "restore the original recipe or use a new runtime.output_dir"
+        )
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        self.loader.load_state_dict(state["loader"])
+        checkpoint.set_rng_state(state["rng"])
+        self.progress = Progress.from_dict(state["progress"])
+        self.metrics.truncate_to_step(self.progress.step)
+
+    def _write_environment(self) -> None:
+        env = capture_environment(
+            self.device,
+            parameters=count_parameters(self.engine.eval_model()),
+            cache_identity=self.cache.identity,
+            recipe_identity=self.identity,
+            attention_kernels=self._attention_kernels(),
+            compiled=uses_compile(self.recipe),
+        )
+        atomic_write_json(self.run_dir / "environment.json", env)
+
+    def _attention_kernels(self) -> list[str]:
+        """One profiled eager forward+backward on a single block; gradients are discarded."""
+        model = self.engine.eval_model()
+        if not isinstance(model, torch.nn.Module) or self.recipe.decentralized is not None:
+            return []
+        block = torch.zeros(1, self.recipe.model.context_length + 1, dtype=torch.long, device=self.device)
+
+        def run() -> None:
+            with compute_context(self.recipe, self.device):
+                loss_sum(model, block[:, :-1], block[:, 1:]).backward()
+
+        kernels = dispatched_attention_kernels(run)
+        model.zero_grad(set_to_none=True)
+        return kernels
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        if self.progress.pending_epoch is not None:
+            self.finish_epoch()
+        while self.progress.step < len(self.schedule):
+            if signals.stop_requested():
+                raise Interrupted()
+            self.update()
+        self.finish()
+        return EXIT_COMPLETE
+
+    def update(self) -> None:
+        epoch, start_block, num_blocks = self.schedule[self.progress.step]
+        loader_state = self.loader.state_dict()
+        started = time.perf_counter()
+        blocks = self.loader.next_blocks(num_blocks)
+        end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
+        lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer)
+        try:
+            stats = self.engine.train_step(blocks, lr, self.progress.step + 1)
+        except UpdateAborted:
+            self.loader.load_state_dict(loader_state)
+            raise Interrupted() from None
+        seconds = time.perf_counter() - started
+        self._account(stats.loss, stats.tokens, seconds, stats.grad_norm, num_blocks)
+        epoch_end = self.progress.blocks == self.budget.epoch_boundaries[epoch]
+        if self.progress.step % self.recipe.training.log_every == 0 or epoch_end:
+            self.log_train_row(epoch + 1, lr, stats.extra)
+        if epoch_end:
+            self.progress.pending_epoch = epoch + 1
+            self.finish_epoch()
+        if self.policy in ("interval", "all") and (
+            epoch_end or self.progress.step % self.recipe.training.checkpoint_every == 0
+        ):
+            self.save(checkpoint.LATEST)
+
+    def _account(self, loss: float, tokens: int, seconds: float, grad_norm: float, blocks: int) -> None:
+        p = self.progress
+        if self.first_update_at is None:
+            self.first_update_at = time.perf_counter() - seconds
+        p.step += 1
+        p.blocks += blocks
+        p.tokens += tokens
+        p.training_seconds += seconds
+        p.window.add(loss, tokens, seconds, grad_norm)
+        self.session_tokens += tokens
+        self.session_updates += 1
+        self.session_update_seconds += seconds
+
+    def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
+        p, w = self.progress, self.progress.window
+        tps = w.tokens / w.seconds if w.seconds > 0 else 0.0
+        row: dict[str, Any] = {
+            "event": "train",
+            "step": p.step,
+            "epoch": epoch,
+            "tokens": p.tokens,
+            "loss": w.loss_sum / w.tokens,
+            "lr": lr,
+            "grad_norm": w.grad_norm_sum / w.updates,
+            "tokens_per_second": tps,
+            "training_seconds": p.training_seconds,
+            "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+        }
+        peak = peak_flops(device_name(self.device))
+        if peak:
+            row["mfu"] = tps * flops_per_token(self.recipe.model) / peak
+        row.update({k: v for k, v in extra.items() if k not in row})
+        self.metrics.append(row)
+        per_update = self.session_update_seconds / max(self.session_updates, 1)
+        eta = per_update * (len(self.schedule) - p.step)
+        self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta))
+        p.window = Window()
+
+    def elapsed_tokens_per_second(self) -> float:
+        if self.first_update_at is None:
+            return 0.0
+        return self.session_tokens / max(time.perf_counter() - self.first_update_at, 1e-9)
+
+    # ------------------------------------------------------------------ epochs, evaluation, checkpoints
+
+    def finish_epoch(self) -> None:
+        """Subset validation, best.json and per-epoch files for ``progress.pending_epoch``."""
+        p = self.progress
+        epoch = p.pending_epoch
+        result = self.evaluate_subset()
+        self.metrics.append(self.validation_row("validation", epoch, result))
+        self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
+        p.epochs_done, p.pending_epoch = epoch, None
+        weights = None
+        if self.policy == "all":
+            weights = self.save_epoch_files(epoch)
+        if p.best_loss is None or result.loss < p.best_loss:
+            p.best_epoch, p.best_loss, p.best_weights = epoch, result.loss, weights
+            atomic_write_json(
+                self.run_dir / "best.json", {"epoch": epoch, "loss": result.loss, "weights": weights}
+            )
+
+    def evaluate_subset(self) -> EvalResult:
+        try:
+            return evaluate(
+                self.engine.eval_model(),
+                subset_batches(self.subset, self.recipe.evaluation.batch_size),
+                self.recipe,
+                self.device,
+                split="subset",
+                validation_complete=self.cache.validation_complete,
+                should_stop=signals.stop_requested,
+            )
+        except EvaluationAborted:
+            raise Interrupted() from None
+
+    def validation_row(self, event: str, epoch: int, result: EvalResult) -> dict[str, Any]:
+        return {
+            "event": event,
+            "step": self.progress.step,
+            "epoch": epoch,
+            "tokens": self.progress.tokens,
+            "loss": result.loss,
+            "perplexity": result.perplexity,
+            "seconds": result.seconds,
+            "split": result.split,
+            "validation_complete": result.validation_complete,
+            "evaluation_tokens": result.tokens,
+        }
+
+    def save_epoch_files(self, epoch: int) -> str:
+        """epoch-NNN.safetensors + epoch-NNN.pt; immutable once written."""
+        stem = checkpoint.epoch_stem(epoch)
+        weights = self.run_dir / f"{stem}.safetensors"
+        if not weights.exists():
+            self.engine.export_weights(weights)
+        if not (self.run_dir / f"{stem}.pt").exists():
+            self.save(f"{stem}.pt")
+        return weights.name
+
+    def save(self, name: str, loader_state: dict[str, Any] | None = None) -> None:
+        state = {
+            "recipe_identity": self.identity,
+            "identity_payload": recipe_identity_payload(self.recipe),
+            "cache_identity": self.cache.identity,
+            "progress": dataclasses.asdict(self.progress),
+            "engine": self.engine.state_dict(),
+            "loader": loader_state or self.loader.state_dict(),
+            "rng": checkpoint.rng_state(),
+        }
+        checkpoint.save_state(self.run_dir / name, state)
+
+    def interrupt(self) -> int:
+        if self.policy != "none" and self.engine is not None:
+            self.save(checkpoint.LATEST)
+            where = f"state saved to {self.run_dir / checkpoint.LATEST}"
+        else:
+            where = "no state saved (checkpoint_policy none)"
+        self._write_status("interrupted")
+        self.log(f"interrupted at step {self.progress.step}; {where}")
+        return EXIT_INTERRUPTED
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self) -> None:
+        if self.policy != "none":
+            self.save(checkpoint.FINAL)
+            self.engine.export_weights(self.run_dir / "final.safetensors")
+        try:
+            full = evaluate(
+                self.engine.eval_model(),
+                iter_validation(self.cache, self.cache_context, self.recipe.evaluation.batch_size),
+                self.recipe,
+                self.device,
+                split="full",
+                validation_complete=self.cache.validation_complete,
+                should_stop=signals.stop_requested,
+            )
+        except EvaluationAborted:
+            raise Interrupted() from None
+        self.metrics.append(self.validation_row("final_validation", self.budget.num_epochs, full))
+        self.log(f"final validation loss {full.loss:.4f} over {full.tokens} tokens")
+        if self.policy == "final":
+            (self.run_dir / checkpoint.LATEST).unlink(missing_ok=True)
+        self._write_status("complete")
+        atomic_write_json(self.run_dir / "result.json", self.result(full))
+
+    def result(self, full: EvalResult) -> dict[str, Any]:
+        p = self.progress
+        wall = time.perf_counter() - (self.first_update_at or self.session_start)
+        return {
+            "parameters": self.budget.parameters,
+            "tokens": p.tokens,
+            "step": p.step,
+            "epochs": p.epochs_done,
+            "best_subset_loss": p.best_loss,
+            "best_epoch": p.best_epoch,
+            "final_validation": full.as_dict(),
+            "seconds_this_session": time.perf_counter() - self.session_start,
+            "training_seconds": p.training_seconds,
+            "training_elapsed_seconds": wall,
+            "training_tokens_per_second": p.tokens / p.training_seconds if p.training_seconds else None,
+            "elapsed_tokens_per_second": self.session_tokens / wall if self.session_tokens else None,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "recipe_identity": self.identity,
+        }
+
+    def _write_status(self, status: str, **extra: Any) -> None:
+        body = {"status": status, "step": self.progress.step, "tokens": self.progress.tokens, **extra}
+        atomic_write_json(self.run_dir / "status.json", body)
+
+    def fail(self, error: str) -> int:
+        self._write_status("failed", error=error)
+        self.log(f"failed at step {self.progress.step}: {error}")
+        return EXIT_FAILED
+
+    def close(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def resolve_resume(run_dir: Path, resume: str | None, log: RunLog) -> Path | None:
+    """--resume PATH -> that file; auto -> the newest valid state or None; absent -> refuse to clobber."""
+    if resume == "auto":
+        path, warnings = checkpoint.newest_state(run_dir)
+        for warning in warnings:
+            log(f"warning: {warning}")
+        return path
+    if resume:
+        return Path(resume)
+    existing = checkpoint.state_candidates(run_dir)
+    if existing:
+        raise RunStateError(
+            f"{run_dir} already holds training state ({existing[0].name}); pass --resume auto to continue it "
+            "or choose a new runtime.output_dir"
+        )
+    return None
+
+
+def already_complete(run_dir: Path, identity: str) -> bool:
+    """A finished run of the same recipe (status complete and result.json with this identity)."""
+    try:
+        status, result = read_json(run_dir / "status.json"), read_json(run_dir / "result.json")
+    except (OSError, ValueError):
+        return False
+    return status.get("status") == "complete" and result.get("recipe_identity") == identity
+
+
+def run_training(recipe: RecipeConfig, resume: str | None = None, quiet: bool = False) -> int:
+    """Train ``recipe`` into runtime.output_dir; see the module doc for exit codes."""
+    run_dir = Path(recipe.runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = RunLog(run_dir / "run.log", quiet=quiet)
+    with exclusive_lock(run_dir / ".lock", f"run directory {run_dir}"), signals.stop_on_signals():
+        resume_path = resolve_resume(run_dir, resume, log)
+        trainer = Trainer(recipe, run_dir, log)
+        if resume == "auto" and already_complete(run_dir, trainer.identity):
+            log(f"{run_dir} is already complete")
+            return EXIT_COMPLETE
+        try:
+            trainer.start(resume_path)
+            return trainer.run()
+        except Interrupted:
+            return trainer.interrupt()
+        except NonFiniteError as exc:
+            return trainer.fail(str(exc))
+        except RunStateError:
+            raise
+        except Exception as exc:
+            if trainer.engine is None:
+                raise
+            log(traceback.format_exc())
+            return trainer.fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                trainer.close()
