@@ -19,13 +19,13 @@ TINY_PROFILE = {
     "min_start_seconds": 5,
     "warmup": 1,
     "steps": 1,
-    "windows": 3,
+    "windows": 1,
     "stage1": [[8, False], [16, False]],
     "attention_variants": ["math"],
     "cpu_amp_variants": [False],
-    "threads": [1],
+    "threads": [],  # no stage 4: keeps the test short
 }
-SLOTS = ["s1-m8-eager", "s1-m16-eager", "s2-r0-math", "s2-r1-math", "s3-r0-fp32", "s4-r0-t1"]
+SLOTS = ["s1-m8-eager", "s1-m16-eager", "s2-r0-math", "s2-r1-math", "s3-r0-fp32"]
 
 
 def tuning_config(**profile) -> dict:
