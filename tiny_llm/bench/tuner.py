@@ -354,7 +354,7 @@ def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
 
 
 def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
-    """Bar chart of candidate throughput per stage (failed/skipped candidates shown at zero, labelled)."""
+    """Candidate throughput per stage; failed/skipped candidates at zero, reused ones hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,10 +370,13 @@ def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
         colors = ["tab:green" if c["name"] == selected else "tab:blue" for c in rows]
         bars = ax.bar(range(len(rows)), values, color=colors)
         for bar, c in zip(bars, rows, strict=True):
-            if c["status"] != "ok":
-                ax.text(
-                    bar.get_x() + bar.get_width() / 2, 0, c["status"], rotation=90, ha="center", va="bottom"
-                )
+            note = (
+                c["status"] if c["status"] != "ok" else (f"= {c['reused_from']}" if c["reused_from"] else "")
+            )
+            if c["reused_from"]:
+                bar.set_hatch("//")
+            if note:
+                ax.text(bar.get_x() + bar.get_width() / 2, 0, note, rotation=90, ha="center", va="bottom")
         ax.set_xticks(range(len(rows)), [c["name"].split("-", 1)[1] for c in rows], rotation=60, ha="right")
         ax.set_title(f"stage {stage}: {rows[0]['stage_name']}")
     axes[0][0].set_ylabel("tokens/s (median window)")
