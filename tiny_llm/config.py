@@ -446,6 +446,12 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
     device = recipe.runtime.device
     if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         problems.append(f"runtime.device: expected auto, cpu, cuda or cuda:N, got '{device}'")
+    rt = recipe.runtime
+    if rt.sdpa_backend != "auto" and (rt.attention_backend == "reference" or rt.deterministic):
+        problems.append(
+            f"runtime.sdpa_backend: '{rt.sdpa_backend}' has no effect with the reference attention "
+            "(runtime.attention_backend reference or runtime.deterministic); leave it at auto"
+        )
     problems += _packed_problems(recipe)
     return problems
 

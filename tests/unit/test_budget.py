@@ -1,0 +1,75 @@
+"""Budget arithmetic and LR schedules at their edges (torch-free)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tiny_llm.budget import lr_at, make_budget, parameter_count
+from tiny_llm.config import load_recipe
+
+PRESET_PARAMETERS = {"20m": 20_403_520, "50m": 48_507_392, "90m": 91_605_120}
+
+
+@pytest.mark.parametrize(("preset", "expected"), PRESET_PARAMETERS.items())
+def test_preset_parameter_counts_are_exact(preset: str, expected: int) -> None:
+    assert parameter_count(load_recipe([preset]).model) == expected
+
+
+def test_20m_reference_budget() -> None:
+    budget = make_budget(load_recipe(["20m"]))
+    assert budget.target_tokens == 408_070_400
+    assert budget.tokens == 408_071_168 and budget.num_blocks == 398_507
+    assert budget.num_epochs == 40 and budget.num_updates == 3_120
+    assert budget.cache_tokens_needed == budget.tokens + 1
+
+
+def test_epoch_boundaries_and_short_updates() -> None:
+    # tiny: P = 131,904; 0.1 x P = 13,191 targets (207 blocks at L=64); epochs of 0.04 x P = 5,276.16 targets.
+    recipe = load_recipe(
+        ["tiny"], ["training.tokens_per_parameter=0.1", "training.epoch_tokens_per_parameter=0.04"]
+    )
+    budget = make_budget(recipe)
+    assert budget.epoch_boundaries == (83, 165, 207)  # ceil(5276.16/64), ceil(10552.32/64), ceil(13190.4/64)
+    assert budget.epoch_updates(0) == [16] * 5 + [3]
+    assert budget.epoch_updates(1) == [16] * 5 + [2]
+    assert budget.epoch_updates(2) == [16, 16, 10]
+    schedule = budget.update_schedule()
+    assert len(schedule) == budget.num_updates == 15
+    assert schedule[5] == (0, 80, 3) and schedule[6] == (1, 83, 16) and schedule[-1] == (2, 197, 10)
+    assert sum(n for _, _, n in schedule) == budget.num_blocks
+
+
+def test_exact_epochs_have_no_short_update() -> None:
+    recipe = load_recipe(["tiny"], ["training.batch_tokens=64", "training.micro_batch_size=1"])
+    budget = make_budget(recipe)
+    assert all(n == 1 for _, _, n in budget.update_schedule())
+    assert budget.num_updates == budget.num_blocks
+
+
+def test_cosine_schedule_edges() -> None:
+    opt = load_recipe(["tiny"], ["optimizer.lr=0.01", "optimizer.warmup_fraction=0.1"]).optimizer
+    total = 10_000
+    assert lr_at(0, total, opt) == 0.0
+    assert lr_at(500, total, opt) == pytest.approx(0.005)
+    assert lr_at(999, total, opt) == pytest.approx(0.01 * 999 / 1000)
+    assert lr_at(1000, total, opt) == pytest.approx(0.01)  # end of warmup = peak
+    assert lr_at(5500, total, opt) == pytest.approx(0.001 + 0.009 * 0.5)  # cosine midpoint
+    assert lr_at(total, total, opt) == pytest.approx(0.001)  # floor = min_lr_ratio x peak
+    assert lr_at(2 * total, total, opt) == pytest.approx(0.001)  # never below the floor
+
+
+def test_wsd_schedule_edges() -> None:
+    sets = ["optimizer.lr=0.01", "optimizer.warmup_fraction=0.1", "optimizer.lr_schedule=wsd"]
+    opt = load_recipe(["tiny"], [*sets, "optimizer.decay_fraction=0.2"]).optimizer
+    total = 10_000
+    assert lr_at(1000, total, opt) == pytest.approx(0.01)
+    assert lr_at(7999, total, opt) == pytest.approx(0.01)  # stable phase
+    assert lr_at(9000, total, opt) == pytest.approx(0.001 + 0.009 * (1 - math.sqrt(0.5)))
+    assert lr_at(total, total, opt) == pytest.approx(0.001)
+
+
+def test_zero_warmup_starts_at_peak() -> None:
+    opt = load_recipe(["tiny"], ["optimizer.warmup_fraction=0"]).optimizer
+    assert lr_at(0, 1000, opt) == pytest.approx(opt.lr)

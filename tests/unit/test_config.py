@@ -1,0 +1,137 @@
+"""Recipe config: merging, presets, strict validation with one clear line per problem, identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiny_llm.cli import main
+from tiny_llm.config import (
+    identity_differences,
+    load_recipe,
+    recipe_identity,
+    recipe_identity_payload,
+)
+from tiny_llm.errors import ConfigError
+
+
+def test_merge_order_configs_then_sets(tmp_path: Path) -> None:
+    first = tmp_path / "a.yaml"
+    first.write_text("model: {width: 128, num_heads: 4}\noptimizer: {lr: 0.01}\n")
+    second = tmp_path / "b.yaml"
+    second.write_text("optimizer: {lr: 0.02}\n")
+    recipe = load_recipe(["tiny", str(first), str(second)], ["optimizer.beta2=0.99"])
+    assert recipe.model.width == 128 and recipe.model.num_heads == 4
+    assert recipe.model.num_layers == 2  # from the preset: mappings merge recursively
+    assert recipe.optimizer.lr == 0.02 and recipe.optimizer.beta2 == 0.99
+    assert load_recipe(["tiny"], ["optimizer.lr=0.5", "optimizer.lr=0.25"]).optimizer.lr == 0.25
+
+
+def test_defaults_are_the_20m_model() -> None:
+    assert load_recipe([], []).model == load_recipe(["20m"], []).model
+
+
+def test_preset_by_name_and_by_path_agree() -> None:
+    from importlib import resources
+
+    path = resources.files("tiny_llm") / "presets" / "tiny.yaml"
+    assert load_recipe([str(path)]) == load_recipe(["tiny"])
+
+
+def test_set_values_parse_as_yaml() -> None:
+    recipe = load_recipe(
+        ["tiny"], ["optimizer.grad_clip=null", "runtime.cpu_threads=3", "runtime.compile=true"]
+    )
+    assert recipe.optimizer.grad_clip is None and recipe.runtime.cpu_threads == 3 and recipe.runtime.compile
+
+
+BAD_CASES = [
+    (["model.widht=64"], r"model\.widht: unknown key \(did you mean 'width'\?\)"),
+    (["model.width=66"], r"model\.width: 66 is not divisible by model\.num_heads 4"),
+    (["model.width=36"], r"model\.num_heads: head dim 9 must be even for RoPE"),
+    (["optimizer.lr=.nan"], r"optimizer\.lr: expected a finite number"),
+    (["optimizer.lr=.inf"], r"optimizer\.lr: expected a finite number"),
+    (["optimizer.lr=-0.1"], r"optimizer\.lr: must be > 0"),
+    (["optimizer.beta2=1.0"], r"optimizer\.beta2: must be in \[0, 1\)"),
+    (["optimizer.warmup_fraction=1.5"], r"optimizer\.warmup_fraction: must be in \[0, 1\]"),
+    (["optimizer.grad_clip=0"], r"optimizer\.grad_clip: must be > 0 or null"),
+    (
+        ["training.batch_tokens=1000"],
+        r"training\.batch_tokens: 1000 is not a multiple of model\.context_length",
+    ),
+    (["training.micro_batch_size=32"], r"training\.micro_batch_size: 32 sequences exceed the 16 sequences"),
+    (["training.checkpoint_policy=sometimes"], r"training\.checkpoint_policy: expected one of final, none"),
+    (["training.epoch_tokens_per_parameter=5"], r"training\.epoch_tokens_per_parameter: larger than"),
+    (["model.vocab_size=70000"], r"model\.vocab_size: 70000 does not fit the uint16 token cache"),
+    (["model.context_length=1.5"], r"model\.context_length: expected an integer, got float 1\.5"),
+    (["runtime.device=gpu"], r"runtime\.device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["runtime.compile=2"], r"runtime\.compile: expected true or false, got int 2"),
+    (["runtime.cpu_threads=0"], r"runtime\.cpu_threads: must be > 0 or null"),
+    (
+        ["runtime.attention_backend=reference", "runtime.sdpa_backend=math"],
+        r"runtime\.sdpa_backend: 'math' has no",
+    ),
+    (["model=3"], r"model: expected a mapping, got int 3"),
+    (["data.cache_dir="], r"data\.cache_dir: expected a non-empty string, got null"),
+    (["evaluation.batch_size=0"], r"evaluation\.batch_size: must be > 0, got 0"),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), BAD_CASES, ids=[c[0][-1] for c in BAD_CASES])
+def test_bad_config_is_rejected_with_the_key(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(["tiny"], sets)
+
+
+def test_bad_set_syntax_and_unknown_preset() -> None:
+    with pytest.raises(ConfigError, match="--set expects dotted.key=value"):
+        load_recipe(["tiny"], ["optimizer.lr"])
+    with pytest.raises(ConfigError, match="unknown preset 'nope'.*presets: .*tiny"):
+        load_recipe(["nope"])
+    with pytest.raises(ConfigError, match="config file not found: missing.yaml"):
+        load_recipe(["missing.yaml"])
+
+
+def test_every_problem_is_reported_once(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(["tiny"], ["optimizer.lr=-1", "optimizer.beta1=2"])
+    text = str(info.value)
+    assert "optimizer.lr" in text and "optimizer.beta1" in text
+
+
+def test_cli_prints_one_error_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["describe", "--config", "tiny", "--set", "training.batch_tokens=1000"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: invalid recipe: training.batch_tokens: 1000 is not a multiple")
+    assert "Traceback" not in err
+
+
+def test_identity_ignores_execution_only_fields() -> None:
+    base = load_recipe(["tiny"])
+    moved = load_recipe(
+        ["tiny"],
+        [
+            "runtime.output_dir=elsewhere",
+            "runtime.cpu_threads=1",
+            "runtime.device=cpu",
+            "data.cache_dir=/other/cache",
+            "data.prefetch=false",
+            "training.checkpoint_policy=interval",
+            "training.checkpoint_every=7",
+        ],
+    )
+    assert recipe_identity(base, "c") == recipe_identity(moved, "c")
+    assert recipe_identity(base, "c") != recipe_identity(base, "other-cache")
+    changed = load_recipe(["tiny"], ["optimizer.lr=0.01", "model.num_layers=3"])
+    assert recipe_identity(base, "c") != recipe_identity(changed, "c")
+    diffs = identity_differences(recipe_identity_payload(base), recipe_identity_payload(changed))
+    assert diffs == ["model.num_layers: 2 -> 3", "optimizer.lr: 0.003 -> 0.01"]
+
+
+def test_late_fields_at_default_leave_the_identity_unchanged() -> None:
+    payload = recipe_identity_payload(load_recipe(["tiny"]))
+    assert "lr_schedule" not in payload["optimizer"] and "decay_fraction" not in payload["optimizer"]
+    wsd = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.lr_schedule=wsd"]))
+    assert wsd["optimizer"]["lr_schedule"] == "wsd"
