@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from tiny_llm.io import atomic_write_text
 from tiny_llm.train.device import compute_context, synchronize
+from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.optim import set_lr
 
 REGIONS = ("data", "forward_and_loss", "backward", "clipping", "optimizer")
@@ -24,7 +25,7 @@ TABLE_ROWS = 40
 _ATTENTION_KEYS = ("attention", "sdpa", "flash", "fmha", "cudnn_attn", "efficient_attn")
 
 
-def regioned_update(engine, get_blocks: Callable[[], torch.Tensor], lr: float) -> float:
+def regioned_update(engine: ModelEngine, get_blocks: Callable[[], torch.Tensor], lr: float) -> float:
     """One update of a ModelEngine with record_function regions; returns the update's mean loss."""
     with record_function("data"):
         blocks = get_blocks().to(engine.device, non_blocking=True)
@@ -56,7 +57,11 @@ def profile_update(engine, get_blocks: Callable[[], torch.Tensor], lr: float) ->
         activities.append(ProfilerActivity.CUDA)
     synchronize(engine.device)
     with profile(activities=activities, record_shapes=False) as prof:
-        regioned_update(engine, get_blocks, lr)
+        if isinstance(engine, ModelEngine):
+            regioned_update(engine, get_blocks, lr)
+        else:  # other engines (packed) are profiled as one opaque update
+            with record_function("update"):
+                engine.train_step(get_blocks(), lr, 0)
         synchronize(engine.device)
     return prof
 
