@@ -85,6 +85,6 @@ def write_profile(prof: torch.profiler.profile, trace_path: Path, table_path: Pa
     tmp = trace_path.with_name(f".{trace_path.name}.tmp")
     prof.export_chrome_trace(str(tmp))
     tmp.replace(trace_path)
-    sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=TABLE_ROWS)
     atomic_write_text(table_path, f"# top {TABLE_ROWS} operators by {sort_by}\n{table}\n")
