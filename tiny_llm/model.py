@@ -29,7 +29,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return (normed * self.weight).type_as(x)
 
 
 def rope_tables(context_length: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

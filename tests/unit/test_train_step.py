@@ -1,0 +1,173 @@
+"""One optimizer update: accumulation, AdamW groups, clipping, non-finite stops, compiled/eager dispatch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tiny_llm import model as model_module
+from tiny_llm.config import load_recipe
+from tiny_llm.errors import ConfigError
+from tiny_llm.train import signals
+from tiny_llm.train.device import check_sdpa_backend, compute_context
+from tiny_llm.train.engine import ModelEngine, NonFiniteError, UpdateAborted
+from tiny_llm.train.optim import parameter_groups
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def engine(*sets: str) -> ModelEngine:
+    return ModelEngine(load_recipe(["tiny"], ["training.batch_tokens=512", *sets]), CPU)
+
+
+def blocks(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 512, (n, 65), generator=torch.Generator().manual_seed(seed))
+
+
+def test_uneven_microbatches_match_one_full_batch() -> None:
+    data = blocks(8)
+    whole = engine("training.micro_batch_size=8")
+    split = engine("training.micro_batch_size=3")  # 3 + 3 + 2
+    grads_whole, grads_split = _recorded_grads(whole), _recorded_grads(split)
+    a, b = whole.train_step(data, 1e-3, 1), split.train_step(data, 1e-3, 1)
+    assert a.tokens == b.tokens == 8 * 64
+    assert a.loss == pytest.approx(b.loss, rel=1e-6)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-5)
+    for g, h in zip(grads_whole, grads_split, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-8)
+
+
+def _recorded_grads(eng: ModelEngine) -> list[torch.Tensor]:
+    """Gradients as the optimizer sees them (after accumulation and clipping)."""
+    seen: list[torch.Tensor] = []
+    step = eng.optimizer.step
+
+    def recording_step() -> None:
+        seen.extend(p.grad.clone() for p in eng.params)
+        step()
+
+    eng.optimizer.step = recording_step  # type: ignore[method-assign]
+    return seen
+
+
+def test_loss_is_the_token_mean_of_the_update() -> None:
+    eng = engine("training.micro_batch_size=3")
+    data = blocks(5)
+    with torch.no_grad():
+        expected = model_module.loss_sum(eng.model, data[:, :-1], data[:, 1:]).item() / (5 * 64)
+    assert eng.train_step(data, 1e-3, 1).loss == pytest.approx(expected, rel=1e-6)
+
+
+def test_adamw_groups_decay_matrices_and_embedding_only() -> None:
+    eng = engine()
+    decay, no_decay = eng.optimizer.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in eng.model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert "embed.weight" in decayed and "blocks.0.attn.q_proj.weight" in decayed
+    assert {names[id(p)] for p in no_decay["params"]} == {
+        "blocks.0.attn_norm.weight",
+        "blocks.0.ffn_norm.weight",
+        "blocks.1.attn_norm.weight",
+        "blocks.1.ffn_norm.weight",
+        "norm.weight",
+    }
+    assert len(parameter_groups(eng.model, 0.1)[0]["params"]) == len(decayed)
+
+
+def _post_clip_norm(eng: ModelEngine) -> list[float]:
+    seen: list[float] = []
+    step = eng.optimizer.step
+
+    def recording_step() -> None:
+        grads = [p.grad for p in eng.params]
+        seen.append(torch.nn.utils.get_total_norm(grads).item())
+        step()
+
+    eng.optimizer.step = recording_step  # type: ignore[method-assign]
+    return seen
+
+
+def test_clipping_logs_the_pre_clip_norm() -> None:
+    eng = engine("optimizer.grad_clip=0.01")
+    seen = _post_clip_norm(eng)
+    stats = eng.train_step(blocks(8), 1e-3, 1)
+    assert stats.grad_norm > 0.05
+    assert seen[0] == pytest.approx(0.01, rel=1e-4)
+
+
+def test_no_clipping_when_grad_clip_is_null() -> None:
+    eng = engine("optimizer.grad_clip=null")
+    seen = _post_clip_norm(eng)
+    stats = eng.train_step(blocks(8), 1e-3, 1)
+    assert seen[0] == pytest.approx(stats.grad_norm, rel=1e-6)
+
+
+def test_non_finite_loss_stops_with_step_and_reason() -> None:
+    eng = engine()
+    before = [p.detach().clone() for p in eng.params]
+    with torch.no_grad():
+        eng.model.blocks[0].attn.q_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="step 7: non-finite loss"):
+        eng.train_step(blocks(8), 1e-3, 7)
+    assert torch.equal(eng.params[1], before[1])  # no optimizer step taken
+    assert all(p.grad is None for p in eng.params)
+
+
+def test_full_microbatches_compiled_short_ones_eager() -> None:
+    eng = engine("training.micro_batch_size=3")
+    calls: list[tuple[str, int]] = []
+    eager = eng._loss
+    eng._compiled_loss = lambda i, t: calls.append(("compiled", i.shape[0])) or eager(i, t)  # type: ignore[method-assign]
+    eng._loss = lambda i, t: calls.append(("eager", i.shape[0])) or eager(i, t)  # type: ignore[method-assign]
+    eng.train_step(blocks(8), 1e-3, 1)
+    assert calls == [("compiled", 3), ("compiled", 3), ("eager", 2)]
+
+
+def test_stop_between_microbatches_discards_the_update() -> None:
+    eng = engine("training.micro_batch_size=2")
+    before = [p.detach().clone() for p in eng.params]
+    with signals.stop_on_signals():
+        signals.request_stop()
+        with pytest.raises(UpdateAborted):
+            eng.train_step(blocks(8), 1e-3, 1)
+    assert all(torch.equal(p, q) for p, q in zip(eng.params, before, strict=True))
+    assert eng.optimizer.state == {} or all(not s for s in eng.optimizer.state.values())
+
+
+def test_state_round_trip_continues_identically() -> None:
+    a = engine()
+    a.train_step(blocks(8, 1), 1e-3, 1)
+    b = engine("runtime.seed=7")
+    b.load_state_dict(copy.deepcopy(a.state_dict()))  # a real resume loads fresh tensors
+    sa, sb = a.train_step(blocks(8, 2), 1e-3, 2), b.train_step(blocks(8, 2), 1e-3, 2)
+    assert sa.loss == sb.loss and sa.grad_norm == sb.grad_norm
+    assert all(torch.equal(p, q) for p, q in zip(a.params, b.params, strict=True))
+
+
+def test_gpu_only_sdpa_kernel_is_refused_on_cpu() -> None:
+    with pytest.raises(ConfigError, match="runtime.sdpa_backend: 'cudnn' is a GPU-only kernel.*CPU"):
+        check_sdpa_backend(load_recipe(["tiny"], ["runtime.sdpa_backend=cudnn"]), CPU)
+    check_sdpa_backend(load_recipe(["tiny"], ["runtime.sdpa_backend=math"]), CPU)
+
+
+def test_forced_math_kernel_is_used() -> None:
+    from tiny_llm.train.device import dispatched_attention_kernels
+
+    recipe = load_recipe(["tiny"], ["runtime.sdpa_backend=math"])
+    eng = ModelEngine(recipe, CPU)
+    x = blocks(1)
+
+    def run() -> None:
+        with compute_context(recipe, CPU):
+            model_module.loss_sum(eng.model, x[:, :-1], x[:, 1:]).backward()
+
+    kernels = dispatched_attention_kernels(run)
+    assert any("math" in k for k in kernels) and not any("flash" in k for k in kernels)
