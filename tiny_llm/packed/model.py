@@ -28,7 +28,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """Same as tiny_llm.model.RMSNorm (FP32 reduction), with a per-worker scale [N, d]."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return normed.type_as(x) * weight.unsqueeze(1)
+    return (normed * weight.unsqueeze(1)).type_as(x)
 
 
 class PackedLlama(nn.Module):
