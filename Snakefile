@@ -21,6 +21,7 @@ include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/tuning.smk"
 include: "rules/campaign.smk"
+include: "rules/packed.smk"
 include: "rules/report.smk"
 
 
