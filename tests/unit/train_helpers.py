@@ -1,0 +1,57 @@
+"""Helpers for the training-run tests: a small deterministic `tiny` recipe and metric comparisons."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tiny_llm.config import RecipeConfig, load_recipe
+
+# 28 updates of 16 blocks in 3 epochs, each ending with a short update (5, 5 and 3 blocks).
+SMALL = [
+    "training.tokens_per_parameter=0.2",
+    "training.epoch_tokens_per_parameter=0.08",
+    "training.log_every=2",
+    "evaluation.batch_size=64",
+    "runtime.cpu_threads=1",
+    "runtime.deterministic=true",
+]
+TIMING_KEYS = {
+    "tokens_per_second",
+    "training_seconds",
+    "elapsed_tokens_per_second",
+    "peak_memory_bytes",
+    "seconds",
+    "mfu",
+}
+
+
+def small_recipe(
+    cache: Path, recipe_args: Callable[[Path], list[str]], run_dir: Path, *extra: str
+) -> RecipeConfig:
+    return load_recipe(["tiny"], [*recipe_args(cache), *SMALL, f"runtime.output_dir={run_dir}", *extra])
+
+
+def cli_sets(cache: Path, recipe_args: Callable[[Path], list[str]], run_dir: Path, *extra: str) -> list[str]:
+    sets = [*recipe_args(cache), *SMALL, f"runtime.output_dir={run_dir}", *extra]
+    return ["--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+
+
+def metric_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl without the wall-clock fields (which differ between any two runs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_globals() -> Iterator[None]:
+    """setup_runtime sets process-wide torch state; keep other tests unaffected."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
