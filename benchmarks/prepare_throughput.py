@@ -6,7 +6,10 @@ Without --corpus the embedded demo corpus is built (repeated --repeat times, so 
 enough); without --tokenizer a 4,096-token byte-level BPE is trained on it. Both measurements see the same
 documents: (1) every document of both splits, already in memory, encoded with the tokenizer's batch call
 at data.tokenize_batch_size; (2) `prepare_cache` end to end (read .json.gz, shuffle, encode, EOS,
-uint16 shards, sha256, fsync, manifest). Prints one JSON object; ``ratio`` = (2) / (1).
+uint16 shards, sha256, fsync, manifest). Prints one JSON object; ``ratio`` = (2) / (1) in tokens per
+wall second, ``cpu_ratio`` = the same in tokens per CPU second of the process (robust on a shared machine).
+``loader``: the
+training loader at the 20M shape (L=1024, 64 MiB ranges, 128-block microbatches) on a synthetic cache.
 """
 
 from __future__ import annotations
@@ -38,14 +41,65 @@ def read_all(corpus: Path, batch_size: int) -> dict[str, list[list[str]]]:
     return {split: list(source.iter_texts(split, batch_size)) for split in ("validation", "train")}
 
 
-def encode_throughput(tokenizer, batches: dict[str, list[list[str]]]) -> tuple[dict[str, int], float]:
-    """Tokens per split (with the EOS prepare appends) and the seconds the batch calls took."""
-    started = time.perf_counter()
+def encode_all(tokenizer, batches: dict[str, list[list[str]]]) -> dict[str, int]:
+    """Tokens per split, with the EOS prepare appends."""
     tokens = {}
     for split, split_batches in batches.items():
         # +1 per document: the EOS that prepare appends
         tokens[split] = sum(len(ids) + 1 for texts in split_batches for ids in tokenizer.encode_batch(texts))
-    return tokens, time.perf_counter() - started
+    return tokens
+
+
+def loader_timings(work: Path, context_length: int = 1024, micro_batch: int = 128) -> dict[str, float]:
+    """TrainLoader at the 20M shape on a synthetic cache: range reads and batch assembly."""
+    import numpy as np
+
+    from tiny_llm.data.cache import open_cache
+    from tiny_llm.data.loader import TrainLoader
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+    from data_helpers import synthetic_cache
+
+    num_blocks = 70_000  # a bit over two 64 MiB ranges
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 32000, num_blocks * context_length + 1, dtype=np.uint16)
+    path = synthetic_cache(work / "loader-cache", train, train[:100_000], shard_tokens=16_777_216)
+    with open_cache(path) as cache:
+        started = time.perf_counter()
+        open_cache(path, verify=True).close()
+        verify_seconds = time.perf_counter() - started
+        loader = TrainLoader(cache, context_length, num_blocks, seed=42, buffer_size_mib=64, prefetch=False)
+        reads = []
+        for position in range(3):
+            started = time.perf_counter()
+            loader._load(position)
+            reads.append(time.perf_counter() - started)
+        loader.close()
+        loader = TrainLoader(cache, context_length, num_blocks, seed=42, buffer_size_mib=64, prefetch=True)
+        loader.next_blocks(micro_batch)
+        assembly = []
+        for _ in range(200):
+            started = time.perf_counter()
+            loader.next_blocks(micro_batch)
+            assembly.append(time.perf_counter() - started)
+        loader.close()
+    return {
+        "context_length": context_length,
+        "blocks_per_range": loader.blocks_per_range,
+        "verify_gib_per_second": round(
+            sum(f.stat().st_size for f in path.glob("*.bin")) / 2**30 / verify_seconds, 3
+        ),
+        "range_read_seconds_median": round(float(np.median(reads)), 4),
+        "batch_assembly_ms_median": round(float(np.median(assembly)) * 1e3, 3),
+        "micro_batch_blocks": micro_batch,
+    }
+
+
+def timed(function, *args, **kwargs):
+    """(result, wall seconds, CPU seconds of all threads of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> int:
@@ -54,6 +108,7 @@ def main() -> int:
     parser.add_argument("--tokenizer", help="tokenizer path (default: train a 4,096-token BPE on the corpus)")
     parser.add_argument("--repeat", type=int, default=4, help="copies of the demo train split (default 4)")
     parser.add_argument("--batch-size", type=int, default=256, help="data.tokenize_batch_size")
+    parser.add_argument("--no-loader", action="store_true", help="skip the training-loader timings")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
 
@@ -72,7 +127,7 @@ def main() -> int:
             texts = (t for batch in batches["train"] for t in batch)
             train_tokenizer(texts, 4096, Path(tokenizer_path))
         tokenizer = load_tokenizer(tokenizer_path)
-        split_tokens, encode_seconds = encode_throughput(tokenizer, batches)
+        (split_tokens, encode_seconds, encode_cpu) = timed(encode_all, tokenizer, batches)
         encode_tokens, train_tokens = sum(split_tokens.values()), split_tokens["train"]
         recipe = load_recipe(
             ["demo-l"],
@@ -85,7 +140,7 @@ def main() -> int:
                 f"data.tokenize_batch_size={args.batch_size}",
             ],
         )
-        result = prepare_cache(recipe, progress=False)
+        result, _, prepare_cpu = timed(prepare_cache, recipe, progress=False)
         prepared = result.train_tokens + result.validation_tokens
         report = {
             "benchmark": "prepare_throughput",
@@ -99,10 +154,15 @@ def main() -> int:
             "prepare_seconds": round(result.seconds, 3),
             "prepare_tokens_per_second": round(prepared / result.seconds),
             "ratio": round((prepared / result.seconds) / (encode_tokens / encode_seconds), 3),
+            "encode_cpu_seconds": round(encode_cpu, 3),
+            "prepare_cpu_seconds": round(prepare_cpu, 3),
+            "cpu_ratio": round(encode_cpu / prepare_cpu, 3),
             "cpu_count": os.cpu_count(),
             "rayon_num_threads": os.environ.get("RAYON_NUM_THREADS"),
             "python": platform.python_version(),
         }
+        if not args.no_loader:
+            report["loader"] = loader_timings(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(report, indent=2)

@@ -33,6 +33,7 @@ from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir
 
 T = TypeVar("T")
 PREFETCH_BATCHES = 8
+ENCODE_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -254,16 +255,17 @@ class SplitWriter:
         bar = tqdm(
             total=limit, unit="tok", unit_scale=True, desc=f"prepare {split}", disable=not self.progress
         )
-        batches = background(self.source.iter_texts(split, self.batch_size, seed, buffer), PREFETCH_BATCHES)
+        texts = background(self.source.iter_texts(split, self.batch_size, seed, buffer), PREFETCH_BATCHES)
+        # Encoding runs in its own thread (the tokenizer releases the GIL), overlapping reads and writes.
+        batches = background(self._encode(texts), ENCODE_AHEAD)
         try:
-            for texts in batches:
-                tokens = join_with_eos(self.tokenizer.encode_batch(texts), self.tokenizer.eos_token_id)
+            for num_documents, tokens in batches:
                 if limit is not None and written + len(tokens) >= limit:
                     exhausted = written + len(tokens) == limit and next(batches, None) is None
                     tokens = tokens[: limit - written]
                 shards.write(tokens)
                 written += len(tokens)
-                documents += len(texts)
+                documents += num_documents
                 bar.update(len(tokens))
                 bar.set_postfix(docs=documents, shards=len(shards.shards), refresh=False)
                 if limit is not None and written >= limit:
@@ -272,6 +274,16 @@ class SplitWriter:
             batches.close()
             bar.close()
         return {"tokens": written, "shards": shards.close()}, exhausted
+
+    def _encode(self, batches: Iterator[list[str]]) -> Iterator[tuple[int, np.ndarray]]:
+        try:
+            for texts in batches:
+                yield (
+                    len(texts),
+                    join_with_eos(self.tokenizer.encode_batch(texts), self.tokenizer.eos_token_id),
+                )
+        finally:
+            batches.close()  # type: ignore[attr-defined]
 
 
 def join_with_eos(ids: list[list[int]], eos: int) -> np.ndarray:
@@ -303,6 +315,10 @@ def background(iterator: Iterator[T], depth: int) -> Iterator[T]:
             put("end", None)
         except BaseException as exc:  # handed to the consumer
             put("error", exc)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()  # stops an upstream background() thread too
 
     thread = threading.Thread(target=produce, name="prepare-reader", daemon=True)
     thread.start()
