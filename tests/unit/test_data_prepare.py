@@ -180,3 +180,43 @@ def test_bad_input_gives_one_line_and_leaves_nothing(small, tmp_path, tiny_recip
     assert main([*argv, "--set", "data.dataset=./no/such/dir"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: dataset directory not found") and len(err.splitlines()) == 1
+
+
+SLOW_PREPARER = """
+import sys, time
+import tiny_llm.data.prepare as prepare
+from tiny_llm.config import load_recipe
+
+join = prepare.join_with_eos
+prepare.join_with_eos = lambda ids, eos: (time.sleep(60), join(ids, eos))[1]  # stall mid-write
+prepare.prepare_cache(load_recipe(["tiny"], sys.argv[1:]), progress=False)
+"""
+
+
+def test_killed_preparer_holds_the_lock_and_its_partial_is_cleaned(small, tiny_recipe_args, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sets = [*tiny_recipe_args(tmp_path / "killed"), "data.prepare_train_tokens=5000"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_PREPARER, *sets], env=env, stderr=subprocess.PIPE)
+    try:
+        marker = tmp_path / "killed.partial" / "tokenizer" / "tokenizer.json"
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the preparer never started writing"
+            time.sleep(0.05)
+        started = time.perf_counter()
+        with pytest.raises(RunStateError, match="in use by another process"):
+            prepare_cache(small("killed"), progress=False)
+        assert time.perf_counter() - started < 2.0
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (tmp_path / "killed.partial").exists() and not (tmp_path / "killed").exists()
+    result = prepare_cache(small("killed"), progress=False)
+    assert not (tmp_path / "killed.partial").exists() and result.train_tokens == 5000
