@@ -103,7 +103,8 @@ def test_per_worker_clipping_matches_clip_grad_norm():
     assert torch.equal(unclipped, before) and torch.allclose(norms, before.norm(dim=1))
 
 
-def test_packed_adamw_matches_torch_adamw_per_worker():
+@pytest.mark.parametrize("fused", [False, True])
+def test_packed_adamw_matches_torch_adamw_per_worker(fused):
     torch.manual_seed(2)
     recipe = load_recipe(["tiny"], ["optimizer.weight_decay=0.1", "optimizer.beta1=0.8"])
     layout = ArenaLayout.from_shapes([("w", (4, 6)), ("scale", (6,))])
@@ -112,7 +113,7 @@ def test_packed_adamw_matches_torch_adamw_per_worker():
     for view in layout.views(params).values():
         view.copy_(torch.randn(view.shape))
     grads = torch.zeros_like(params)
-    opt = PackedAdamW(params, grads, layout.decay_mask(), recipe.optimizer)
+    opt = PackedAdamW(params, grads, layout.decay_mask(), recipe.optimizer, fused=fused)
     refs = []
     for i in range(n):
         w = torch.nn.Parameter(layout.views(params)["w"][i].clone())
@@ -139,8 +140,9 @@ def test_packed_adamw_matches_torch_adamw_per_worker():
             for group in ref.param_groups:
                 group["lr"] = lr
             ref.step()
-            torch.testing.assert_close(layout.views(params)["w"][i], w.detach(), rtol=0, atol=1e-7)
-            torch.testing.assert_close(layout.views(params)["scale"][i], s.detach(), rtol=0, atol=1e-7)
+            atol = 1e-6 if fused else 1e-7  # the fused kernel rounds in another order
+            torch.testing.assert_close(layout.views(params)["w"][i], w.detach(), rtol=0, atol=atol)
+            torch.testing.assert_close(layout.views(params)["scale"][i], s.detach(), rtol=0, atol=atol)
         assert opt.step_count == step + 1
     assert not params[:, 24:64].any()  # padding stays zero
 

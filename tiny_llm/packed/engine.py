@@ -16,7 +16,12 @@ from tiny_llm.io import atomic_write_bytes
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
 from tiny_llm.packed.model import PackedLlama, local_losses
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_
-from tiny_llm.train.device import compute_context, uses_compile, uses_reference_attention
+from tiny_llm.train.device import (
+    compute_context,
+    uses_compile,
+    uses_fused_optimizer,
+    uses_reference_attention,
+)
 from tiny_llm.train.engine import NonFiniteError, StepStats, build_model
 
 # Parameter views into an arena are strided; autograd warns about it but accumulates in place correctly.
@@ -70,7 +75,11 @@ class PackedEngine:
         )
         self.average.to(device)
         self.optimizer = PackedAdamW(
-            self.model.arena, self.model.grad_arena, self.model.layout.decay_mask(device), recipe.optimizer
+            self.model.arena,
+            self.model.grad_arena,
+            self.model.layout.decay_mask(device),
+            recipe.optimizer,
+            fused=uses_fused_optimizer(recipe, device),
         )
         self.consensus = build_consensus(recipe)
         self._scratch = torch.empty_like(self.model.arena)

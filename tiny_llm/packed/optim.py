@@ -51,26 +51,67 @@ def _adamw_(
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
+def _fused_adamw_(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    decay: torch.Tensor,
+    lr: float,
+    weight_decay: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: torch.Tensor,
+) -> None:
+    """The same update with PyTorch's fused AdamW kernel (CPU and CUDA): one pass over the arenas.
+
+    The kernel's decay is uniform, so the masked decoupled decay is applied first (as AdamW does).
+    """
+    if weight_decay:
+        param.mul_(torch.where(decay, 1.0 - lr * weight_decay, 1.0).to(param.dtype))
+    step.add_(1)
+    torch._fused_adamw_(
+        [param], [grad], [exp_avg], [exp_avg_sq], [], [step],
+        lr=lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False,
+    )  # fmt: skip
+
+
 class PackedAdamW:
     """AdamW for N workers whose parameters, gradients and moments are arenas of one layout.
 
     Moments stay local to each worker (row i only ever sees worker i's gradients).
     ``decay_mask`` [D] is true where weight decay applies (>= 2-D tensors), false elsewhere.
+    ``fused`` uses PyTorch's fused AdamW kernel over the whole arena instead of separate tensor ops.
     """
 
     def __init__(
-        self, params: torch.Tensor, grads: torch.Tensor, decay_mask: torch.Tensor, config: OptimizerConfig
+        self,
+        params: torch.Tensor,
+        grads: torch.Tensor,
+        decay_mask: torch.Tensor,
+        config: OptimizerConfig,
+        *,
+        fused: bool = False,
     ) -> None:
-        self.params, self.grads, self.config = params, grads, config
+        self.params, self.grads, self.config, self.fused = params, grads, config, fused
         self.decay_mask = decay_mask.to(device=params.device, dtype=torch.bool)
         self.exp_avg = torch.zeros_like(params)
         self.exp_avg_sq = torch.zeros_like(params)
         self.step_count = 0
+        self._step_tensor = torch.zeros((), dtype=torch.float32, device=params.device)
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
         self.step_count += 1
         c = self.config
+        if self.fused:
+            self._step_tensor.fill_(self.step_count - 1)
+            _fused_adamw_(
+                self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.decay_mask,
+                lr, c.weight_decay, c.beta1, c.beta2, c.eps, self._step_tensor,
+            )  # fmt: skip
+            return
         _adamw_(
             self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.decay_mask,
             lr, c.weight_decay, c.beta1, c.beta2, c.eps, self.step_count,
