@@ -7,6 +7,7 @@ measures exactly what training runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 from collections.abc import Iterator, Sequence
@@ -92,12 +93,32 @@ def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
         )
 
 
+def keep_cpu_heap() -> bool:
+    """Stop glibc from mmap-ing and unmapping large blocks on every step (CPU training only).
+
+    Activations of a CPU step are large; by default glibc serves them with fresh mmaps and unmaps them on
+    free, so every step page-faults its memory in again. Serving them from a never-trimmed heap removes that
+    cost (the effect of THP_MEM_ALLOC_ENABLE=1 or MALLOC_MMAP_MAX_=0 set before start). No-op elsewhere.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4
+    return bool(
+        mallopt(m_mmap_max, 0) and mallopt(m_trim_threshold, 2**31 - 1) and mallopt(m_top_pad, 256 << 20)
+    )
+
+
 def setup_runtime(recipe: RecipeConfig) -> torch.device:
     """Pick the device and apply threads, determinism and matmul precision; return the device."""
     rt = recipe.runtime
     device = select_device(rt.device)
     check_sdpa_backend(recipe, device)
     torch.set_num_threads(rt.cpu_threads or default_cpu_threads())
+    if device.type == "cpu" and os.environ.get("TINY_LLM_CPU_HEAP", "1") == "1":
+        keep_cpu_heap()
     if rt.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)

@@ -112,7 +112,7 @@ class ModelEngine:
         total = self.forward_backward(blocks, num_targets)
         grads = [p.grad for p in self.params if p.grad is not None]
         norm_t = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
-        loss, grad_norm = (total / num_targets).item(), norm_t.item()
+        loss, grad_norm = torch.stack([total / num_targets, norm_t.float()]).tolist()  # one device sync
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             what = "loss" if not math.isfinite(loss) else "gradient norm"
