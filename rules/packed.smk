@@ -5,6 +5,7 @@
 #                                                  (exec: packed | sequential, mode: compiled | eager; a Chrome
 #                                                  trace <...>.trace.json beside it, not declared)
 # results/packed-benchmarks/summary.json, speedup.png   speedup = sequential s/step / packed s/step, peak memory
+# results/report/packed/{report.md, comparison.json, learning-curves.png}   table and curves of the packed runs
 #
 # A packed recipe = the size's preset <- the packed preset <- recipe_defaults, size and run overrides <- data.
 
@@ -13,6 +14,7 @@ from tiny_llm.errors import ConfigError
 
 PACKED_DIR = "results/packed"
 PACKED_BENCH_DIR = "results/packed-benchmarks"
+PACKED_REPORT_DIR = "results/report/packed"
 BENCH_MODES = {"compiled": True, "eager": False}
 
 
@@ -213,8 +215,37 @@ rule summarize_packed_bench:
         "--plot {output.plot} > {log} 2>&1"
 
 
+rule report_packed:
+    input:
+        packed_run_results(),
+    output:
+        table=report(
+            f"{PACKED_REPORT_DIR}/report.md",
+            caption="../report/packed-runs.rst",
+            category="Packed training",
+        ),
+        comparison=f"{PACKED_REPORT_DIR}/comparison.json",
+        curves=report(
+            f"{PACKED_REPORT_DIR}/learning-curves.png",
+            caption="../report/packed-curves.rst",
+            category="Packed training",
+        ),
+    params:
+        runs=PACKED_DIR,
+        outdir=PACKED_REPORT_DIR,
+    log:
+        "logs/report_packed/packed.log",
+    localrule: True
+    conda:
+        "../envs/report.yaml"
+    shell:
+        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+
+
 def packed_targets() -> list[str]:
     targets = packed_run_results()
+    if targets:
+        targets += [f"{PACKED_REPORT_DIR}/report.md", f"{PACKED_REPORT_DIR}/learning-curves.png"]
     if packed_bench():
         targets.append(f"{PACKED_BENCH_DIR}/summary.json")
     return targets
