@@ -5,7 +5,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "workflow_config.yaml"
+# The demo config only when no --configfile is given: a --configfile replaces it. Snakemake does not pass
+# --replace-workflow-config on to cluster jobs, so merging would give every Slurm job a different config.
+if not workflow.overwrite_configfiles:
+
+    configfile: "workflow_config.yaml"
 
 
 report: "report/workflow.rst"

@@ -22,6 +22,7 @@ rule plot_curves:
         outdir=output_parent,
     log:
         "logs/plot_curves/runs.log",
+    localrule: True
     conda:
         "../envs/report.yaml"
     shell:
