@@ -122,6 +122,7 @@ if CAMPAIGN:
             settings=CAMPAIGN_SETTINGS,
         log:
             "logs/plan_campaign/campaign.log",
+        localrule: True
         conda:
             "../envs/report.yaml"
         shell:
@@ -166,6 +167,7 @@ if CAMPAIGN:
                 stage=_index + 1,
             log:
                 f"logs/select_stage/{_stage}.log",
+            localrule: True
             conda:
                 "../envs/report.yaml"
             shell:
@@ -182,6 +184,7 @@ if CAMPAIGN:
             stage=len(CAMPAIGN.stages),
         log:
             "logs/rank_final_stage/campaign.log",
+        localrule: True
         conda:
             "../envs/report.yaml"
         shell:
@@ -217,6 +220,7 @@ if CAMPAIGN:
             sizes=campaign_report_flags,
         log:
             "logs/report_campaign/campaign.log",
+        localrule: True
         conda:
             "../envs/report.yaml"
         shell:
