@@ -59,8 +59,13 @@ def train_tokens_needed(recipe: RecipeConfig) -> int:
     return make_budget(recipe).cache_tokens_needed
 
 
-def prepare_cache(recipe: RecipeConfig, progress: bool = True) -> PrepareResult:
-    """Make ``recipe.data.cache_dir`` a complete cache that serves ``recipe`` (reusing one if possible)."""
+def prepare_cache(
+    recipe: RecipeConfig, progress: bool = True, tokenizer: TextTokenizer | None = None
+) -> PrepareResult:
+    """Make ``recipe.data.cache_dir`` a complete cache that serves ``recipe`` (reusing one if possible).
+
+    ``tokenizer`` replaces loading ``data.tokenizer`` (a caller that already holds it; benchmarks).
+    """
     started = time.perf_counter()
     cache_dir = Path(recipe.data.cache_dir)
     need = train_tokens_needed(recipe)
@@ -87,7 +92,7 @@ def prepare_cache(recipe: RecipeConfig, progress: bool = True) -> PrepareResult:
             shutil.rmtree(partial)
         partial.mkdir()
         try:
-            manifest = _write_cache(partial, recipe, need, progress)
+            manifest = _write_cache(partial, recipe, need, progress, tokenizer)
             if cache_dir.exists():
                 cache_dir.rmdir()  # an empty placeholder directory
             os.replace(partial, cache_dir)
@@ -149,11 +154,13 @@ def _check_validation(cache: TokenCache, cap: int | None) -> None:
 # ----------------------------------------------------------------------------- writing
 
 
-def _write_cache(partial: Path, recipe: RecipeConfig, need: int, progress: bool) -> dict[str, Any]:
+def _write_cache(
+    partial: Path, recipe: RecipeConfig, need: int, progress: bool, tokenizer: TextTokenizer | None
+) -> dict[str, Any]:
     data = recipe.data
     source = resolve_source(data.dataset, data.dataset_revision)
     source.check_available()
-    tokenizer = load_tokenizer(data.tokenizer, data.tokenizer_revision)
+    tokenizer = tokenizer or load_tokenizer(data.tokenizer, data.tokenizer_revision)
     check_tokenizer(tokenizer, recipe.model.vocab_size, data.tokenizer)
     (partial / "tokenizer").mkdir()
     tokenizer.save(partial / "tokenizer")
