@@ -134,7 +134,8 @@ class PackedEngine:
         update = step - 1
         local = self.forward_backward(blocks)
         norms = self.clip()
-        local_list, norm_list = local.tolist(), norms.tolist()
+        values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
+        local_list, norm_list = values[: self.num_models], values[self.num_models :]
         loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
         if not all(math.isfinite(v) for v in local_list + norm_list):
             self.model.grad_arena.zero_()

@@ -54,8 +54,11 @@ def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: t
         else:
             arena.mul_(1.0 - gamma).add_(scratch[:1], alpha=gamma)
         return
-    index = torch.tensor(peers(topology, arena.shape[0], step), device=arena.device)
-    torch.index_select(arena, 0, index, out=scratch)
+    n = arena.shape[0]
+    k = peer_offset(topology, n, step) % n
+    # scratch[i] = arena[(i - k) mod N]: two slice copies, no index tensor (no host-to-device copy per step)
+    scratch[k:].copy_(arena[: n - k])
+    scratch[:k].copy_(arena[n - k :])
     # gamma (0.5 I + 0.5 P) + (1 - gamma) I = (1 - gamma/2) I + (gamma/2) P
     arena.mul_(1.0 - 0.5 * gamma).add_(scratch, alpha=0.5 * gamma)
 
