@@ -200,20 +200,23 @@ def _measure(recipe: RecipeConfig, options: PackedBenchOptions, device: torch.de
     out["warmup_seconds"] = time.perf_counter() - warmup_start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for _ in range(options.steps):
         step += 1
         synchronize(device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         losses.append(runner.update(batches(), BENCH_LR, step))
         synchronize(device)
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     seconds = statistics.median(times)
     out.update(
         status="ok",
         seconds_per_step=seconds,
         tokens_per_second=recipe.training.batch_tokens / seconds,
         step_seconds=times,
+        # CPU time of this process (all threads): on a shared host it moves less with other load
+        process_cpu_seconds_per_step=statistics.median(cpu_times),
         loss=losses[-1],
         peak_memory_bytes=peak_memory_bytes(device),
     )

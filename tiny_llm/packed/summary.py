@@ -26,13 +26,27 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
             row[name] = None if result is None else _brief(result)
         ok = all(r is not None and r["status"] == "ok" for r in (packed, sequential))
         row["speedup"] = sequential["seconds_per_step"] / packed["seconds_per_step"] if ok else None
+        cpu = ok and "process_cpu_seconds_per_step" in packed and "process_cpu_seconds_per_step" in sequential
+        row["cpu_time_ratio"] = (
+            sequential["process_cpu_seconds_per_step"] / packed["process_cpu_seconds_per_step"]
+            if cpu
+            else None
+        )
         row["memory_ratio"] = packed["peak_memory_bytes"] / sequential["peak_memory_bytes"] if ok else None
         rows.append(row)
     return {"rows": rows, "definition": "speedup = sequential seconds/step / packed seconds/step"}
 
 
 def _brief(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("status", "seconds_per_step", "tokens_per_second", "peak_memory_bytes", "components", "error")
+    keys = (
+        "status",
+        "seconds_per_step",
+        "tokens_per_second",
+        "process_cpu_seconds_per_step",
+        "peak_memory_bytes",
+        "components",
+        "error",
+    )
     return {k: result[k] for k in keys if k in result}
 
 
