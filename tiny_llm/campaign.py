@@ -546,14 +546,29 @@ class Plan:
     estimate: dict[str, Any]
 
 
+def planned_throughput(config: CampaignConfig) -> dict[str, float | None]:
+    """Tokens/s per size: the tuning result's measured figure, else campaign.throughput, else unknown."""
+    throughput = {size: config.throughput.get(size) for size in config.sizes}
+    for size, source in config.tuning.items():
+        throughput[size] = tuned_throughput(source) or throughput[size]
+    return throughput
+
+
+def estimate_only(config: CampaignConfig) -> dict[str, Any]:
+    """The GPU-hour estimate before anything exists (no cache needed; tuning results used where present)."""
+    templates = {}
+    for size in config.sizes:
+        source = config.tuning.get(size)
+        tuning = _read_yaml(source) if source and Path(source).is_file() else None
+        templates[size] = build_template(config, size, tuning, source or "")
+    return gpu_hour_estimate(config, templates, planned_throughput(config))
+
+
 def make_plan(config: CampaignConfig) -> Plan:
     templates = load_templates(config)
     caches = {size: cache_identity_of(t) for size, t in templates.items()}
     payload = campaign_identity_payload(config, templates, caches)
-    throughput = {size: config.throughput.get(size) for size in config.sizes}
-    for size, source in config.tuning.items():
-        throughput[size] = tuned_throughput(source) or throughput[size]
-    estimate = gpu_hour_estimate(config, templates, throughput)
+    estimate = gpu_hour_estimate(config, templates, planned_throughput(config))
     return Plan(templates, payload, stage1_recipes(config, templates[config.stages[0].size]), estimate)
 
 

@@ -270,3 +270,16 @@ def test_plan_without_a_prepared_cache_says_so(tmp_path, capsys):
     (tmp_path / "cache" / "manifest.json").unlink()
     assert run_cli("campaign", "plan", "--settings", settings_arg(config)) == 2
     assert "token cache not prepared" in capsys.readouterr().err
+
+
+def test_estimate_without_a_cache_uses_reference_throughput(capsys):
+    """The cluster campaign's estimate from the reference GH200 tokens/s, before C4 is prepared."""
+    settings = json.dumps(campaign.settings_dict(cluster()))
+    assert run_cli("campaign", "estimate", "--settings", settings) == 0
+    captured = capsys.readouterr()
+    estimate = json.loads(captured.out)
+    tokens = [s["tokens_per_run"] for s in estimate["stages"]]
+    assert tokens[0] == 408_071_168  # the reference's 20M budget: 398,507 blocks of 1,024
+    expected = (6 * tokens[0] / 1_636_281 + 4 * tokens[1] / 871_826 + 2 * tokens[2] / 508_930) / 3600
+    assert estimate["total_gpu_hours"] == pytest.approx(expected)
+    assert "campaign total:" in captured.err

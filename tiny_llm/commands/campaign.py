@@ -4,12 +4,14 @@
   identity, write campaign.json (with the GPU-hour estimate) and the stage-1 recipes.
 - ``select --stage N``: rank stage N-1 by final validation loss and write stage N's recipes.
 - ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
+- ``estimate``: print the GPU-hour estimate as JSON without a token cache (plan it before preparing C4).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from tiny_llm.io import atomic_write_json, atomic_write_yaml
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("plan", "select", "rank"))
+    parser.add_argument("action", choices=("plan", "select", "rank", "estimate"))
     parser.add_argument(
         "--settings",
         required=True,
@@ -86,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     config = campaign.config_from_settings(_settings(args.settings))
     if args.action == "plan":
         plan(config)
+    elif args.action == "estimate":
+        estimate = campaign.estimate_only(config)
+        print(campaign.describe_estimate(estimate), file=sys.stderr)
+        print(json.dumps(estimate, indent=2))
     elif args.action == "select":
         select(config, args.stage)
     else:
