@@ -61,18 +61,18 @@ def dry_run(repeat: int) -> dict:
 
 
 def job_times(workdir: Path) -> list[dict]:
-    """(rule, output, seconds) of every job, from .snakemake/metadata (one JSON record per output file)."""
+    """(rule, first output, seconds) of every job, from .snakemake/metadata (one record per output file)."""
     rows = {}
-    for path in (workdir / ".snakemake" / "metadata").glob("*"):
+    for path in sorted((workdir / ".snakemake" / "metadata").glob("*")):
         try:
             record = json.loads(path.read_text())
             output = base64.b64decode(path.name.replace("@", "/")).decode()
         except (ValueError, UnicodeDecodeError):
             continue
         if record.get("starttime") and record.get("endtime"):
-            key = (record.get("rule"), record["starttime"])
-            rows.setdefault(key, {"rule": record.get("rule"), "output": output})
-            rows[key]["seconds"] = round(record["endtime"] - record["starttime"], 2)
+            seconds = round(record["endtime"] - record["starttime"], 2)
+            row = {"rule": record["rule"], "output": output, "seconds": seconds}
+            rows.setdefault(record["job_hash"], row)
     return sorted(rows.values(), key=lambda row: -row["seconds"])
 
 
