@@ -110,8 +110,8 @@ def test_hub_dataset_streams_pinned_c4_patterns():
     assert source.data_files("validation") == [
         "hf://datasets/allenai/c4@1588ec454efa1a09f29cd18ddd04fe05fc8653a2/en/c4-validation.*.json.gz"
     ]
-    with pytest.raises(DataError, match="neither an existing directory nor a hub id"):
-        resolve_source("not-a-hub-id", None)
+    with pytest.raises(DataError, match="dataset directory not found: results/no/corpus"):
+        resolve_source("results/no/corpus", None)  # two slashes: a path, never a hub id
 
 
 def test_shuffle_is_seeded_and_train_only(tiny_corpus_dir: Path):
@@ -143,3 +143,11 @@ def test_validation_split_is_held_out_every_kth_document():
     train, validation = split_documents(docs, 0.05)
     assert [d.text for d in validation] == [str(i) for i in range(19, 100, 20)]
     assert len(train) == 95 and not {d.text for d in train} & {d.text for d in validation}
+
+
+def test_build_demo_corpus_cli_rejects_a_bad_fraction(tmp_path: Path, capsys):
+    from tiny_llm.cli import main
+
+    assert main(["build-demo-corpus", "--output", str(tmp_path / "c"), "--validation-fraction", "0.7"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --validation-fraction must be in (0, 0.5), got 0.7"
+    assert not (tmp_path / "c").exists()

@@ -169,12 +169,16 @@ def _chain(*iterators: Iterator[Document]) -> Iterator[Document]:
 # ----------------------------------------------------------------------------- C4-format output
 
 
+def check_validation_fraction(fraction: float) -> None:
+    if not 0 < fraction < 0.5:
+        raise DataError(f"--validation-fraction must be in (0, 0.5), got {fraction}")
+
+
 def split_documents(
     documents: list[Document], validation_fraction: float
 ) -> tuple[list[Document], list[Document]]:
     """Every k-th document (k = round(1 / fraction)) is held out for validation."""
-    if not 0 < validation_fraction < 0.5:
-        raise DataError(f"--validation-fraction must be in (0, 0.5), got {validation_fraction}")
+    check_validation_fraction(validation_fraction)
     every = max(2, round(1 / validation_fraction))
     validation = [d for i, d in enumerate(documents) if i % every == every - 1]
     train = [d for i, d in enumerate(documents) if i % every != every - 1]
@@ -229,6 +233,7 @@ def build_demo_corpus(
     output: Path, validation_fraction: float = 0.05, max_chars: int | None = None
 ) -> dict[str, int]:
     """The embedded demo corpus as a C4-format directory; returns document counts per split."""
+    check_validation_fraction(validation_fraction)  # before the seconds of parsing
     train, validation = split_documents(demo_documents(max_chars), validation_fraction)
     counts = write_c4_dir(output, train, validation)
     counts["train_chars"] = sum(len(d.text) for d in train)

@@ -180,8 +180,12 @@ def find_bad_file(files: list[str]) -> str | None:
 
 
 def is_local_dataset(dataset: str) -> bool:
-    """A path on disk (existing, or spelled like a path) rather than a hub id."""
-    return Path(dataset).expanduser().exists() or dataset.startswith(("/", "./", "../", "~"))
+    """A path on disk (existing, or spelled like a path) rather than a hub id ("owner/name")."""
+    return (
+        Path(dataset).expanduser().exists()
+        or dataset.startswith(("/", "./", "../", "~"))
+        or dataset.count("/") != 1
+    )
 
 
 def resolve_source(dataset: str, revision: str | None) -> CorpusSource:
@@ -195,8 +199,4 @@ def resolve_source(dataset: str, revision: str | None) -> CorpusSource:
         if not any(path.glob("c4-*.json.gz")):
             raise DataError(f"dataset directory {dataset} holds no c4-train/validation.*.json.gz files")
         return CorpusSource(dataset=dataset, revision=None, local_dir=path)
-    if dataset.count("/") != 1:
-        raise DataError(
-            f"data.dataset: '{dataset}' is neither an existing directory nor a hub id like allenai/c4"
-        )
     return CorpusSource(dataset=dataset, revision=revision, local_dir=None)

@@ -121,11 +121,12 @@ class SentencePieceTokenizer(TextTokenizer):
 
 
 def is_local_reference(name: str) -> bool:
-    """A path on disk (existing, or spelled like a path) rather than a hub id."""
+    """A path on disk (existing, or spelled like a path) rather than a hub id ("owner/name")."""
     return (
         Path(name).expanduser().exists()
         or name.startswith(("/", "./", "../", "~"))
         or name.endswith((".json", ".model"))
+        or name.count("/") != 1
     )
 
 
