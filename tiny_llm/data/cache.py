@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class TokenCache:
             split: _cumulative([s["tokens"] for s in shards]) for split, shards in self._shards.items()
         }
         self._fds: dict[str, int] = {}
+        self._open_lock = threading.Lock()
 
     @property
     def identity(self) -> str:
@@ -94,7 +96,10 @@ class TokenCache:
     def _pread(self, file: str, target: memoryview, offset: int) -> None:
         fd = self._fds.get(file)
         if fd is None:
-            fd = self._fds.setdefault(file, os.open(self.path / file, os.O_RDONLY))
+            with self._open_lock:  # the loader's prefetch thread reads concurrently
+                fd = self._fds.get(file)
+                if fd is None:
+                    fd = self._fds[file] = os.open(self.path / file, os.O_RDONLY)
         done = 0
         while done < len(target):
             got = os.preadv(fd, [target[done:]], offset + done)
