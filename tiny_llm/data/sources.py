@@ -146,6 +146,8 @@ def _open_stream(files: list[str], dataset: str, split: Split):  # -> datasets.I
     import datasets
 
     datasets.disable_progress_bars()
+    # No download-count ping per load_dataset call: it can stall up to 3 s where outbound traffic is dropped.
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     try:
         return datasets.load_dataset("json", data_files={split: files}, split=split, streaming=True)
     except FileNotFoundError as exc:
