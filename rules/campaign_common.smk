@@ -15,7 +15,7 @@ def campaign_settings() -> tuple[dict, dict]:
         if name in config["sizes"]:
             threads = {"runtime": {"cpu_threads": config["sizes"][name]["threads"]}}
             sizes[name] = {"preset": config["sizes"][name]["preset"], "overrides": size_overrides(name, threads)}
-    tuning = {size: f"results/{profile}-tuning/selected.yaml" for size, profile in section["tuning"].items()}
+    tuning = {size: campaign_lib.tuning_selected_path(profile) for size, profile in section["tuning"].items()}
     raw = {**section, "tuning": tuning}
     return raw, sizes
 

@@ -94,6 +94,25 @@ class CampaignConfig:
     """The workflow's NUMERICS_VERSION: a bump means results would differ, so it is part of the identity."""
 
 
+def tuning_selected_path(profile: str) -> str:
+    """Where the workflow's tuner writes a profile's selected recipe."""
+    return f"results/{profile}-tuning/selected.yaml"
+
+
+def settings_from_workflow_config(data: Mapping[str, Any]) -> CampaignConfig:
+    """A campaign read straight from a workflow config file (for estimates outside Snakemake)."""
+    section = dict(data.get("campaign") or {})
+    if not section.get("stages"):
+        raise ConfigError("campaign.stages: the workflow config defines no campaign")
+    defaults = data.get("recipe_defaults") or {}
+    sizes = {}
+    for name, spec in (data.get("sizes") or {}).items():
+        overrides = deep_merge(defaults, spec.get("overrides") or {})
+        sizes[name] = {"preset": spec.get("preset"), "overrides": overrides}
+    section["tuning"] = {size: tuning_selected_path(p) for size, p in (section.get("tuning") or {}).items()}
+    return parse_campaign(section, sizes, section.get("output_dir", "results/campaign"))
+
+
 def stage_name(index: int) -> str:
     """0-based stage index -> directory name (``stage1``...)."""
     return f"stage{index + 1}"

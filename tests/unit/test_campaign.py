@@ -283,3 +283,13 @@ def test_estimate_without_a_cache_uses_reference_throughput(capsys):
     expected = (6 * tokens[0] / 1_636_281 + 4 * tokens[1] / 871_826 + 2 * tokens[2] / 508_930) / 3600
     assert estimate["total_gpu_hours"] == pytest.approx(expected)
     assert "campaign total:" in captured.err
+
+
+def test_estimate_straight_from_the_cluster_workflow_config(capsys):
+    cluster_yaml = Path(__file__).resolve().parents[2] / "config" / "cluster.yaml"
+    assert run_cli("campaign", "estimate", "--workflow-config", str(cluster_yaml)) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    assert [(s["size"], s["runs"]) for s in estimate["stages"]] == [("20m", 6), ("50m", 4), ("90m", 2)]
+    assert estimate["stages"][2]["tokens_per_run"] == 1_832_102_912
+    assert run_cli("campaign", "plan", "--workflow-config", str(cluster_yaml)) == 2
+    assert "only for 'estimate'" in capsys.readouterr().err

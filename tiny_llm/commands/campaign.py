@@ -16,17 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm import campaign
+from tiny_llm.config import read_config_source
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("plan", "select", "rank", "estimate"))
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--settings",
-        required=True,
         metavar="JSON",
         help="campaign settings as JSON text or a .json file (root, stages, sizes, overrides, ...)",
+    )
+    source.add_argument(
+        "--workflow-config",
+        metavar="YAML",
+        help="read the campaign from a workflow config (estimate only), e.g. config/cluster.yaml",
     )
     parser.add_argument("--stage", type=int, help="1-based stage number (select: the stage to create)")
 
@@ -84,8 +90,18 @@ def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
     print(f"{campaign.stage_name(index)} best: {ranked[0].run_id} (loss {ranked[0].loss:.6f})")
 
 
+def _config(args: argparse.Namespace) -> campaign.CampaignConfig:
+    if args.settings is not None:
+        return campaign.config_from_settings(_settings(args.settings))
+    if args.action != "estimate":
+        raise ConfigError(
+            "--workflow-config: only for 'estimate'; the workflow passes --settings to the others"
+        )
+    return campaign.settings_from_workflow_config(read_config_source(args.workflow_config))
+
+
 def run(args: argparse.Namespace) -> int:
-    config = campaign.config_from_settings(_settings(args.settings))
+    config = _config(args)
     if args.action == "plan":
         plan(config)
     elif args.action == "estimate":
