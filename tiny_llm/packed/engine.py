@@ -136,7 +136,8 @@ class PackedEngine:
         norms = self.clip()
         values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
         local_list, norm_list = values[: self.num_models], values[self.num_models :]
-        loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
+        # The logged loss and norm are the workers' means (each worker's own values are in extra).
+        loss, grad_norm = sum(local_list) / len(local_list), sum(norm_list) / len(norm_list)
         if not all(math.isfinite(v) for v in local_list + norm_list):
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
@@ -164,7 +165,7 @@ class PackedEngine:
             "packed_version": STATE_VERSION,
             "num_models": self.num_models,
             "layout": self.model.layout.metadata(),
-            "arena": self.model.arena.detach().clone(),
+            "arena": self.model.arena.detach().cpu(),  # saved at once; a GPU run copies it to the host
             "optimizer": self.optimizer.state_dict(),
         }
 

@@ -120,8 +120,8 @@ class PackedAdamW:
     def state_dict(self) -> dict:
         return {
             "step": self.step_count,
-            "exp_avg": self.exp_avg.clone(),
-            "exp_avg_sq": self.exp_avg_sq.clone(),
+            "exp_avg": self.exp_avg.cpu(),
+            "exp_avg_sq": self.exp_avg_sq.cpu(),
         }
 
     def load_state_dict(self, state: dict) -> None:
