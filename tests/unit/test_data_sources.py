@@ -151,3 +151,21 @@ def test_build_demo_corpus_cli_rejects_a_bad_fraction(tmp_path: Path, capsys):
     assert main(["build-demo-corpus", "--output", str(tmp_path / "c"), "--validation-fraction", "0.7"]) == 2
     assert capsys.readouterr().err.strip() == "error: --validation-fraction must be in (0, 0.5), got 0.7"
     assert not (tmp_path / "c").exists()
+
+
+def test_hub_tokenizer_loads_offline_from_the_local_hub_cache(
+    tiny_tokenizer_dir: Path, tmp_path, monkeypatch
+):
+    import shutil
+
+    from huggingface_hub import constants
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--org--tok" / "snapshots" / revision
+    shutil.copytree(tiny_tokenizer_dir, snapshot)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = load_tokenizer("org/tok", revision)
+    assert tokenizer.fingerprint == load_tokenizer(str(tiny_tokenizer_dir)).fingerprint
+    with pytest.raises(DataError, match="tokenizer org/tok needs the Hugging Face hub"):
+        load_tokenizer("org/tok", "f" * 40)  # another revision is not cached
