@@ -195,6 +195,7 @@ def _write_cache(
     }
     manifest["identity"] = manifest_identity(manifest)
     atomic_write_json(partial / "manifest.json", manifest)
+    (partial / "manifest.json").chmod(0o644)  # readable like the shards (the temp file was private)
     return manifest
 
 
