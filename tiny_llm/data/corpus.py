@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,7 @@ def strip_wiki_markup(text: str) -> str:
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
     text = re.sub(r"<ref[^>/]*/>", "", text)
     text = re.sub(r"<ref[^>]*>.*?</ref>", "", text, flags=re.S)
-    text = _remove_nested(text, r"\{\{[^{}]*\}\}")
+    text = _replace_nested(text, r"\{\{([^{}]*)\}\}", _template)
     text = _remove_nested(text, r"\{\|(?:(?!\{\|).)*?\|\}", flags=re.S)
     text = _replace_links(text)
     text = re.sub(r"\[(?:https?:)?//[^\s\]]+ ([^\]]*)\]", r"\1", text)
@@ -92,6 +92,30 @@ def _remove_nested(text: str, pattern: str, flags: int = 0) -> str:
         text, count = regex.subn("", text)
         if not count:
             return text
+
+
+def _replace_nested(text: str, pattern: str, replace: Callable[[re.Match[str]], str]) -> str:
+    regex = re.compile(pattern)
+    while True:
+        text, count = regex.subn(replace, text)
+        if not count:
+            return text
+
+
+def _template(match: re.Match[str]) -> str:
+    """Inline templates that carry prose keep it ({{convert|5|km}} -> "5 km"); all others vanish."""
+    name, *params = (part.strip() for part in match.group(1).split("|"))
+    positional = [p for p in params if "=" not in p]
+    name = name.lower()
+    if name in ("convert", "cvt") and len(positional) >= 2:
+        return (
+            " ".join(positional[:2]) if positional[1] not in ("-", "to", "and") else " ".join(positional[:4])
+        )
+    if name in ("lang", "transl") and positional:
+        return positional[-1]
+    if name in ("small", "nowrap", "nobr", "em", "big", "smaller", "lang-en") and positional:
+        return positional[0]
+    return ""
 
 
 def _replace_links(text: str) -> str:
