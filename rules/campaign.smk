@@ -51,6 +51,7 @@ if CAMPAIGN:
         params:
             numerics=NUMERICS_VERSION,
             threads=campaign_thread_flags,
+            run_dir=campaign_run_dir,
         log:
             "logs/train_campaign/{stage}/{run}.log",
         threads: size_threads(campaign_size)
@@ -61,7 +62,9 @@ if CAMPAIGN:
         conda:
             "../envs/torch.yaml"
         shell:
-            "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto > {log} 2>&1"
+            # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
+            "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto > {log} 2>&1 "
+            "|| python -m tiny_llm campaign diverged --run-dir {params.run_dir} --exit-code $? >> {log} 2>&1"
 
     for _index in range(1, len(CAMPAIGN.stages)):
         _previous, _stage = campaign_lib.stage_name(_index - 1), campaign_lib.stage_name(_index)

@@ -97,3 +97,8 @@ def campaign_report_flags(wildcards) -> str:
 def campaign_runs_root(wildcards, output) -> str:
     """The campaign directory: two levels above the report files."""
     return str(Path(output.table).parents[1])
+
+
+def campaign_run_dir(wildcards, output) -> str:
+    """A training job's run directory: where its result.json goes."""
+    return str(Path(output[0]).parent)

@@ -421,6 +421,27 @@ def ranking_rows(ranked: Sequence[RunOutcome]) -> list[dict[str, Any]]:
     ]
 
 
+def diverged_result(run_dir: str | Path, exit_code: int) -> dict[str, Any] | None:
+    """The result.json of a run that stopped on a non-finite loss or norm, or None for any other failure.
+
+    A diverged grid point is an outcome of the campaign (it ranks last), not a reason to stop promoting the
+    others; crashes, interruptions and user errors are not outcomes and still fail the job.
+    """
+    status_file = Path(run_dir) / "status.json"
+    if exit_code != 1 or not status_file.is_file():
+        return None
+    status = read_json(status_file)
+    if status.get("status") != "failed" or "non-finite" not in str(status.get("error", "")):
+        return None
+    return {
+        "status": "diverged",
+        "error": status["error"],
+        "step": status.get("step"),
+        "tokens": status.get("tokens"),
+        "final_validation": None,
+    }
+
+
 # ----------------------------------------------------------------------------- identity
 
 

@@ -50,6 +50,8 @@ class RunRecord:
     tokens: int | None
     median_tokens_per_second: float | None
     peak_memory_bytes: int | None
+    status: str
+    """'complete', or 'diverged' for a run that stopped on a non-finite loss (no final loss)."""
     recipe: dict[str, Any] = field(repr=False)
     curve: list[tuple[int, float]] = field(repr=False)
 
@@ -186,6 +188,7 @@ def load_run(run_dir: Path, runs_dir: Path, sizes: dict[str, str], shapes: dict[
         tokens=result.get("tokens"),
         median_tokens_per_second=median,
         peak_memory_bytes=int(peak) if _number(peak) and peak > 0 else None,
+        status=str(result.get("status", "complete")),
         recipe=recipe,
         curve=subset_curve(metrics),
     )
@@ -255,6 +258,9 @@ def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
     )
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r.row())) + " |" for r in records]
+    diverged = [r.run for r in records if r.status == "diverged"]
+    if diverged:
+        lines += ["", f"Diverged (non-finite loss; ranked last): {', '.join(diverged)}."]
     lines += ["", "## Best run per size", ""]
     for size, rec in best.items():
         lines.append(f"- {size}: `{rec.run}` (loss {_fmt(rec.loss, 'loss')}) -> `selected-{size}.yaml`")

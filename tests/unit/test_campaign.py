@@ -293,3 +293,30 @@ def test_estimate_straight_from_the_cluster_workflow_config(capsys):
     assert estimate["stages"][2]["tokens_per_run"] == 1_832_102_912
     assert run_cli("campaign", "plan", "--workflow-config", str(cluster_yaml)) == 2
     assert "only for 'estimate'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "status", "recorded"),
+    [
+        (
+            1,
+            {"status": "failed", "step": 7, "tokens": 70, "error": "step 7: non-finite loss (loss nan)"},
+            True,
+        ),
+        (1, {"status": "failed", "step": 7, "tokens": 70, "error": "RuntimeError: out of memory"}, False),
+        (130, {"status": "interrupted", "step": 7, "tokens": 70}, False),
+        (2, None, False),
+    ],
+)
+def test_only_a_diverged_run_becomes_a_result(tmp_path, capsys, exit_code, status, recorded):
+    run = tmp_path / "run"
+    run.mkdir()
+    if status:
+        (run / "status.json").write_text(json.dumps(status))
+    code = run_cli("campaign", "diverged", "--run-dir", str(run), "--exit-code", str(exit_code))
+    assert (code == 0) == recorded and (run / "result.json").exists() == recorded
+    if recorded:
+        result = json.loads((run / "result.json").read_text())
+        assert result["status"] == "diverged" and campaign.final_loss(result) == math.inf
+    else:
+        assert code == exit_code and "failed" in capsys.readouterr().err

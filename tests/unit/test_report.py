@@ -59,9 +59,13 @@ def runs(tmp_path: Path) -> Path:
     make_run(root, "stage2", "m-parent0", loss=3.2, lr=3e-4, wd=0.0, beta2=0.99, layers=3, rates=(50.0,))
     make_run(root, "stage2", "m-parent1", loss=3.1, lr=1e-3, layers=3, rates=())
     (root / "stage1" / "ranking.json").write_text("[]")  # not a run: ignored
+    diverged = make_run(root, "stage2", "m-parent2", loss=9.0, lr=3e-3, layers=3)
+    (diverged / "result.json").write_text(
+        json.dumps({"status": "diverged", "final_validation": None, "step": 3})
+    )
     stages = [
         {"stage": "stage1", "size": "s", "runs": ["s-lr0.001-wd0.1", "s-lr0.003-wd0.1", "s-lr0.0003-wd0"]},
-        {"stage": "stage2", "size": "m", "runs": ["m-parent0", "m-parent1"]},
+        {"stage": "stage2", "size": "m", "runs": ["m-parent0", "m-parent1", "m-parent2"]},
     ]
     (root / "campaign.json").write_text(json.dumps({"stages": stages}))
     return root
@@ -81,6 +85,7 @@ def test_rows_are_ordered_by_stage_then_rank(runs):
         "s-lr0.003-wd0.1",
         "m-parent1",
         "m-parent0",
+        "m-parent2",
     ]
     first = records[0]
     assert (first.stage, first.preset, first.parameters, first.lr, first.weight_decay) == (
@@ -102,22 +107,26 @@ def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tm
     rows = json.loads((out / "comparison.json").read_text())
     keys = ["run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens"]
     assert list(rows[0]) == keys + ["median_tokens_per_second", "peak_memory_bytes"]
-    table = parse_table((out / "report.md").read_text())
-    assert len(table) == len(rows) == 5
+    report_md = (out / "report.md").read_text()
+    table = parse_table(report_md)
+    assert len(table) == len(rows) == 6
     for cells, row in zip(table, rows, strict=True):
         assert cells[0] == row["run"]
-        assert int(cells[1].replace(",", "")) == row["parameters"]
-        assert [float(c) for c in cells[2:5]] == pytest.approx([row["lr"], row["weight_decay"], row["beta2"]])
-        assert float(cells[5]) == pytest.approx(row["loss"], abs=5e-7)
-        assert int(cells[6].replace(",", "")) == row["tokens"]
-        assert float(cells[7].replace(",", "")) == pytest.approx(row["median_tokens_per_second"], abs=0.5)
-        assert float(cells[8]) == pytest.approx(row["peak_memory_bytes"] / GIB, abs=0.005)
+        values = [None if c == "-" else float(c.replace(",", "")) for c in cells[1:]]
+        peak = row["peak_memory_bytes"] / GIB if row["peak_memory_bytes"] else None
+        expected = [row[k] for k in ("parameters", "lr", "weight_decay", "beta2", "loss", "tokens")]
+        expected += [row["median_tokens_per_second"], peak]
+        for got, want, tol in zip(values, expected, (0, 1e-9, 1e-9, 1e-9, 5e-7, 0, 0.5, 0.005), strict=True):
+            assert (got is None and want is None) or got == pytest.approx(want, abs=tol), (cells, row)
+    # the diverged run ranks last in its stage, without a loss, and is named under the table
+    assert rows[-1]["run"] == "m-parent2" and rows[-1]["loss"] is None
+    assert "Diverged (non-finite loss; ranked last): m-parent2." in report_md
     png = (out / "learning-curves.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
     selected = yaml.safe_load((out / "selected-m.yaml").read_text())
     assert selected["model"]["num_layers"] == 3 and selected["optimizer"]["lr"] == 1e-3
     assert load_recipe([str(out / "selected-s.yaml")]).optimizer.lr == 3e-4  # a usable recipe
-    assert re.search(r"- s: `s-lr0.0003-wd0`", (out / "report.md").read_text())
+    assert re.search(r"- s: `s-lr0.0003-wd0`", report_md)
 
 
 def test_sizes_without_campaign_json_come_from_preset_shapes(runs, tmp_path):
