@@ -16,6 +16,15 @@ from tiny_llm.train.engine import ModelEngine, NonFiniteError
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Toy shapes run fastest, and steadiest on a shared CI box, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def packed_recipe(*sets: str):
     return load_recipe(["packed4-tiny"], ["decentralized.num_models=2", "training.batch_tokens=512", *sets])
 
