@@ -156,9 +156,15 @@ def compute_context(recipe: RecipeConfig, device: torch.device) -> Iterator[None
         dtype = autocast_dtype(recipe, device)
         if dtype is not None:
             stack.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
-        if recipe.runtime.sdpa_backend != "auto" and not uses_reference_attention(recipe):
-            stack.enter_context(sdpa_restriction(recipe.runtime.sdpa_backend))
+        stack.enter_context(sdpa_context(recipe))
         yield
+
+
+def sdpa_context(recipe: RecipeConfig) -> contextlib.AbstractContextManager[None]:
+    """The forced SDPA kernel of the recipe, or nothing for auto / the reference attention."""
+    if recipe.runtime.sdpa_backend == "auto" or uses_reference_attention(recipe):
+        return contextlib.nullcontext()
+    return sdpa_restriction(recipe.runtime.sdpa_backend)
 
 
 def sdpa_restriction(backend: str) -> contextlib.AbstractContextManager[None]:

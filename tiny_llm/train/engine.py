@@ -22,6 +22,7 @@ from tiny_llm.model import Llama, loss_sum
 from tiny_llm.train import signals
 from tiny_llm.train.device import (
     compute_context,
+    sdpa_context,
     uses_compile,
     uses_fused_optimizer,
     uses_reference_attention,
@@ -89,7 +90,9 @@ class ModelEngine:
             self._compiled_loss = torch.compile(self._loss, mode=mode)
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return loss_sum(self.model, inputs, targets)
+        # A forced SDPA kernel is entered inside the compiled region: compiled graphs ignore an outer one.
+        with sdpa_context(self.recipe):
+            return loss_sum(self.model, inputs, targets)
 
     def forward_backward(self, blocks: torch.Tensor, num_targets: int) -> torch.Tensor:
         """Accumulate grads of summed CE / num_targets; return the summed CE (detached)."""
