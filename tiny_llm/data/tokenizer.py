@@ -202,20 +202,28 @@ def _fetch_hub_tokenizer(repo_id: str, revision: str | None) -> Path:
             raise DataError(
                 f"tokenizer {repo_id}@{revision}: not found on the hub ({type(exc).__name__})"
             ) from None
-        except Exception:
+        except Exception as exc:  # network and HTTP errors of the download
             if local_only:
                 return None
-            raise
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(
+                f"tokenizer {repo_id}@{revision}: download of {filename} failed ({detail})"
+            ) from None
 
-    main = fetch("tokenizer.json", local_only=True)
+    # The local hub cache first: a pinned tokenizer downloaded once works offline afterwards.
+    local_only = True
+    main = fetch("tokenizer.json", True) or fetch("tokenizer.model", True)
     if main is None:
         require_hub(f"tokenizer {repo_id}")
-        main = fetch("tokenizer.json", local_only=False)
+        local_only = False
+        main = fetch("tokenizer.json", False) or fetch("tokenizer.model", False)
         if main is None:
-            raise DataError(f"tokenizer {repo_id}@{revision}: the repository has no tokenizer.json")
+            raise DataError(
+                f"tokenizer {repo_id}@{revision}: the repository has no tokenizer.json or tokenizer.model"
+            )
     for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-        if fetch(extra, local_only=True) is None and not hub_offline():
-            fetch(extra, local_only=False)
+        if fetch(extra, True) is None and not local_only and not hub_offline():
+            fetch(extra, False)
     return main.parent
 
 
