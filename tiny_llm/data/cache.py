@@ -121,7 +121,7 @@ class TokenCache:
     def verify(self) -> None:
         """Re-hash every shard (in parallel threads) and compare with the manifest."""
         jobs = [(split, shard) for split in SPLITS for shard in self._shards[split]]
-        workers = min(4, os.cpu_count() or 1, max(1, len(jobs)))
+        workers = min(4, len(os.sched_getaffinity(0)), max(1, len(jobs)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             digests = list(pool.map(lambda job: sha256_file(self.path / job[1]["file"]), jobs))
         for (_, shard), digest in zip(jobs, digests, strict=True):

@@ -104,7 +104,7 @@ class SentencePieceTokenizer(TextTokenizer):
         self.eos_token_id = self.processor.eos_id()
         if self.eos_token_id < 0:
             raise DataError(f"tokenizer {model_file}: the SentencePiece model defines no EOS piece")
-        self.num_threads = os.cpu_count() or 1
+        self.num_threads = len(os.sched_getaffinity(0))  # the CPUs this job may use, not the whole node
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # Control pieces such as <s> are never matched in input text by SentencePiece.
