@@ -220,3 +220,16 @@ def test_killed_preparer_holds_the_lock_and_its_partial_is_cleaned(small, tiny_r
     assert (tmp_path / "killed.partial").exists() and not (tmp_path / "killed").exists()
     result = prepare_cache(small("killed"), progress=False)
     assert not (tmp_path / "killed.partial").exists() and result.train_tokens == 5000
+
+
+def test_prepare_cli_verifies_and_reuses_a_complete_cache(tiny_cache, tiny_recipe_args, capsys):
+    import json
+
+    argv = ["prepare", "--config", "tiny", "--no-progress"]
+    for value in tiny_recipe_args(tiny_cache):
+        argv += ["--set", value]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    with open_cache(tiny_cache, verify=False) as cache:
+        assert summary["reused"] is True and summary["identity"] == cache.identity
+        assert summary["train_tokens"] == cache.num_tokens("train") == 200_000
