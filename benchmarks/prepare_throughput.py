@@ -58,14 +58,12 @@ def loader_timings(work: Path, context_length: int = 1024, micro_batch: int = 12
 
     from tiny_llm.data.cache import open_cache
     from tiny_llm.data.loader import TrainLoader
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
-    from data_helpers import synthetic_cache
+    from tiny_llm.data.prepare import write_token_cache
 
     num_blocks = 70_000  # a bit over two 64 MiB ranges
     rng = np.random.default_rng(0)
     train = rng.integers(0, 32000, num_blocks * context_length + 1, dtype=np.uint16)
-    path = synthetic_cache(work / "loader-cache", train, train[:100_000], shard_tokens=16_777_216)
+    path = write_token_cache(work / "loader-cache", train, train[:100_000], shard_tokens=16_777_216)
     with open_cache(path) as cache:
         started = time.perf_counter()
         open_cache(path, verify=True).close()

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import synthetic_cache
 
 from tiny_llm.data.cache import open_cache
 from tiny_llm.data.loader import (
@@ -17,6 +16,7 @@ from tiny_llm.data.loader import (
     validation_num_targets,
     validation_subset,
 )
+from tiny_llm.data.prepare import write_token_cache
 from tiny_llm.errors import DataError, RunStateError
 
 L = 8
@@ -27,7 +27,9 @@ NUM_BLOCKS = 61  # four ranges of 16 blocks, the last one short
 def counting_cache(tmp_path_factory: pytest.TempPathFactory):
     """Token i == i, so a block reveals its position; shards of 100 tokens make blocks cross shards."""
     path = tmp_path_factory.mktemp("counting") / "cache"
-    synthetic_cache(path, np.arange(NUM_BLOCKS * L + 1), np.arange(1000, 1000 + 5 * L + 3), shard_tokens=100)
+    write_token_cache(
+        path, np.arange(NUM_BLOCKS * L + 1), np.arange(1000, 1000 + 5 * L + 3), shard_tokens=100
+    )
     cache = open_cache(path)
     yield cache
     cache.close()

@@ -27,7 +27,13 @@ from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig
 from tiny_llm.data.cache import DTYPE, MANIFEST_VERSION, TokenCache, manifest_identity, open_cache
 from tiny_llm.data.sources import CorpusSource, Split, resolve_source
-from tiny_llm.data.tokenizer import TextTokenizer, check_tokenizer, is_local_reference, load_tokenizer
+from tiny_llm.data.tokenizer import (
+    MAX_UINT16_VOCAB,
+    TextTokenizer,
+    check_tokenizer,
+    is_local_reference,
+    load_tokenizer,
+)
 from tiny_llm.errors import DataError
 from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir
 
@@ -193,10 +199,52 @@ def _write_cache(
         "validation_complete": complete,
         "splits": {"train": train, "validation": validation},
     }
-    manifest["identity"] = manifest_identity(manifest)
-    atomic_write_json(partial / "manifest.json", manifest)
-    (partial / "manifest.json").chmod(0o644)  # readable like the shards (the temp file was private)
+    return write_manifest(partial, manifest)
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Add the identity and write manifest.json atomically (the last file of a cache)."""
+    manifest = {**manifest, "identity": manifest_identity(manifest)}
+    atomic_write_json(directory / "manifest.json", manifest)
+    (directory / "manifest.json").chmod(0o644)  # readable like the shards (the temp file was private)
     return manifest
+
+
+def write_token_cache(
+    path: Path, train: np.ndarray, validation: np.ndarray, shard_tokens: int, **fields: Any
+) -> Path:
+    """A complete cache holding the given token streams, published like `prepare` does (synthetic data for
+    benchmarks and tests); ``fields`` override the descriptive manifest fields."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.mkdir(parents=True)
+    splits = {}
+    for split, tokens in (("train", train), ("validation", validation)):
+        writer = ShardWriter(partial, split, shard_tokens)
+        writer.write(np.asarray(tokens, dtype=DTYPE))
+        splits[split] = {"tokens": len(tokens), "shards": writer.close()}
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "dataset": "synthetic",
+        "dataset_revision": None,
+        "tokenizer": "synthetic",
+        "tokenizer_revision": None,
+        "tokenizer_fingerprint": "0" * 64,
+        "vocab_size": MAX_UINT16_VOCAB,
+        "eos_token_id": 0,
+        "dtype": DTYPE.str,
+        "preprocessing": {
+            "shuffle_seed": 0,
+            "shuffle_buffer": 1,
+            "append_eos": True,
+            "add_special_tokens": False,
+        },
+        "validation_complete": True,
+    }
+    write_manifest(partial, {**manifest, **fields, "splits": splits})
+    os.replace(partial, path)
+    fsync_dir(path.parent)
+    return path
 
 
 class ShardWriter:
