@@ -47,20 +47,13 @@ RUN_DIR = "results/runs/tiny-a"
 
 
 def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
-    """Tiny sizes on a local corpus and tokenizer.
+    """The `tiny` preset (130 updates) on a local corpus and tokenizer, plus a GPU variant of it.
 
     The sizes are the same in every config of this module, so the cache recipe (sized for the largest budget)
-    never changes and the cache job runs once. 1.5 tokens per parameter: ~190 updates, long enough to be
-    interrupted mid-way.
+    never changes and the cache job runs once.
     """
-    size = {
-        "preset": "tiny",
-        "threads": 1,
-        "mem_mb": 1000,
-        "runtime_minutes": 10,
-        "overrides": {"training": {"tokens_per_parameter": 1.5}},
-    }
-    gpu = {"training": {"tokens_per_parameter": 1.5}, "runtime": {"device": "cuda:0"}}
+    size = {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}
+    gpu = {"runtime": {"device": "cuda:0"}}
     return {
         "data": {"corpus": str(corpus), "tokenizer": str(tokenizer), "cache_dir": "results/data/cache"},
         "sizes": {"tiny": size, "tiny-gpu": {**size, "threads": 4, "overrides": gpu}},
