@@ -61,6 +61,7 @@ def test_order_is_seeded_and_independent_of_prefetch_and_call_sizes(counting_cac
     assert torch.equal(read_all(loader(counting_cache, prefetch=False), [NUM_BLOCKS]), reference)
     assert torch.equal(read_all(loader(counting_cache, prefetch=True), [5, 17, 1, 30, 8]), reference)
     assert not torch.equal(read_all(loader(counting_cache, seed=8), [NUM_BLOCKS]), reference)
+    assert read_all(loader(counting_cache, seed=-1), [NUM_BLOCKS]).shape == reference.shape  # any int seed
 
 
 def test_resume_at_every_cursor_continues_the_same_sequence(counting_cache):

@@ -57,7 +57,7 @@ class TrainLoader:
         """Visiting order of the ranges and where each starts in the sample sequence."""
         self.blocks_per_range = blocks_per_range
         num_ranges = math.ceil(self.num_blocks / blocks_per_range)
-        self._order = np.random.default_rng([self.seed, _ORDER_STREAM]).permutation(num_ranges)
+        self._order = np.random.default_rng([_entropy(self.seed), _ORDER_STREAM]).permutation(num_ranges)
         sizes = [self._range_size(r) for r in self._order]
         self._starts = np.cumsum([0, *sizes])
         self._current: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -72,7 +72,7 @@ class TrainLoader:
         first, size, L = index * self.blocks_per_range, self._range_size(index), self.context_length
         tokens = self.cache.read("train", first * L, (first + size) * L + 1)
         windows = np.lib.stride_tricks.sliding_window_view(tokens, L + 1)[::L]
-        rows = np.random.default_rng([self.seed, _ROWS_STREAM, index]).permutation(size)
+        rows = np.random.default_rng([_entropy(self.seed), _ROWS_STREAM, index]).permutation(size)
         return windows, rows
 
     def _range(self, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,6 +158,11 @@ class TrainLoader:
         self.close()
 
 
+def _entropy(seed: int) -> int:
+    """numpy seeds must be non-negative; this keeps non-negative seeds as they are."""
+    return seed % 2**64
+
+
 def validation_num_full_blocks(cache: TokenCache, context_length: int) -> int:
     return (cache.num_tokens("validation") - 1) // context_length
 
@@ -177,7 +182,9 @@ def validation_subset(cache: TokenCache, context_length: int, subset_blocks: int
             f"token cache {cache.path}: the validation split is shorter than one block of {L + 1}"
         )
     chosen = np.sort(
-        np.random.default_rng(seed).choice(available, size=min(subset_blocks, available), replace=False)
+        np.random.default_rng(_entropy(seed)).choice(
+            available, size=min(subset_blocks, available), replace=False
+        )
     )
     rows = np.stack([cache.read("validation", int(k) * L, int(k) * L + L + 1) for k in chosen])
     return torch.from_numpy(rows.astype(np.int64))
