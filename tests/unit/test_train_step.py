@@ -171,3 +171,17 @@ def test_forced_math_kernel_is_used() -> None:
 
     kernels = dispatched_attention_kernels(run)
     assert any("math" in k for k in kernels) and not any("flash" in k for k in kernels)
+
+
+def test_compiled_update_matches_eager_and_honours_a_forced_kernel() -> None:
+    from torch.profiler import profile
+
+    compiled = engine("runtime.compile=true", "runtime.sdpa_backend=math")
+    eager = engine("runtime.sdpa_backend=math")
+    data = blocks(8)
+    a, b = compiled.train_step(data, 1e-3, 1), eager.train_step(data, 1e-3, 1)
+    assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    with profile() as prof:
+        compiled.train_step(blocks(8, 1), 1e-3, 2)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::bmm" in names and not any("flash" in n for n in names)
