@@ -116,7 +116,8 @@ def setup_runtime(recipe: RecipeConfig) -> torch.device:
     rt = recipe.runtime
     device = select_device(rt.device)
     check_sdpa_backend(recipe, device)
-    torch.set_num_threads(rt.cpu_threads or default_cpu_threads())
+    # More threads than usable cores only oversubscribes (GPU presets ask for 8 on any machine).
+    torch.set_num_threads(min(rt.cpu_threads or default_cpu_threads(), len(os.sched_getaffinity(0))))
     if device.type == "cpu" and os.environ.get("TINY_LLM_CPU_HEAP", "1") == "1":
         keep_cpu_heap()
     if rt.deterministic:
