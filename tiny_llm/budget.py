@@ -90,7 +90,9 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
     total = math.ceil(training.tokens_per_parameter * params)
     epoch = training.epoch_tokens_per_parameter * params
     num_epochs = max(1, math.ceil(total / epoch - 1e-9))
-    boundaries = tuple(math.ceil(min(total, i * epoch) / L) for i in range(1, num_epochs + 1))
+    raw = [math.ceil(min(total, i * epoch) / L) for i in range(1, num_epochs + 1)]
+    # Rounding total up to whole tokens can leave a last "epoch" that adds no block: drop it.
+    boundaries = tuple(b for i, b in enumerate(raw) if i == 0 or b > raw[i - 1])
     if recipe.decentralized is not None:  # every worker gets the same number of blocks in each epoch
         n = recipe.decentralized.num_models
         boundaries = tuple(-(-b // n) * n for b in boundaries)

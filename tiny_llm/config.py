@@ -212,7 +212,6 @@ EXECUTION_ONLY_FIELDS = frozenset(
         "runtime.cpu_threads",
         "data.cache_dir",
         "data.prefetch",
-        "data.buffer_size_mib",
         "data.tokenize_batch_size",
     }
 )

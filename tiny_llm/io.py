@@ -19,6 +19,9 @@ import yaml
 
 from tiny_llm.errors import RunStateError
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename or creation inside ``path`` durable."""
@@ -36,6 +39,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
