@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,24 +42,35 @@ def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
 
 
 def dry_run(repeat: int) -> dict:
-    seconds, jobs = [], None
+    seconds, cpu, jobs = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
-            start = time.perf_counter()
-            proc = subprocess.run(snakemake_cmd(Path(tmp), "-n"), capture_output=True, text=True, check=True)
-            seconds.append(time.perf_counter() - start)
+            wall, used, proc = timed(snakemake_cmd(Path(tmp), "-n"))
+            seconds.append(wall)
+            cpu.append(used)
             match = re.search(r"^total\s+(\d+)$", proc.stdout, re.MULTILINE)
             jobs = int(match.group(1)) if match else None
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "snakemake", "--version"], capture_output=True, check=True)
-        startup = time.perf_counter() - start
+        startup_wall, startup_cpu, _ = timed([sys.executable, "-m", "snakemake", "--version"])
     return {
         "benchmark": "snakemake -n (full default DAG)",
         "jobs": jobs,
         "seconds": [round(s, 3) for s in seconds],
         "median_seconds": round(statistics.median(seconds), 3),
-        "snakemake_version_seconds": round(startup, 3),
+        "median_cpu_seconds": round(statistics.median(cpu), 3),
+        "snakemake_version_seconds": round(startup_wall, 3),
+        "snakemake_version_cpu_seconds": round(startup_cpu, 3),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
+
+
+def timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds, CPU seconds (user + sys of the child) and the finished process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
 def job_times(workdir: Path) -> list[dict]:
@@ -90,6 +103,7 @@ def demo(workdir: Path, cores: str) -> dict:
         "benchmark": "embedded demo, default target, from scratch",
         "cores": cores,
         "wall_seconds": round(wall, 1),
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
         "jobs": job_times(workdir),
     }
 
