@@ -53,6 +53,8 @@ CAMPAIGN_SETTINGS = json.dumps(campaign_lib.settings_dict(CAMPAIGN)) if CAMPAIGN
 
 
 def campaign_size(wildcards) -> str:
+    if wildcards.run not in CAMPAIGN_SIZE:
+        raise WorkflowError(f"{wildcards.run} is not a run of the campaign in {CAMPAIGN_ROOT} (see campaign.json)")
     return CAMPAIGN_SIZE[wildcards.run]
 
 
