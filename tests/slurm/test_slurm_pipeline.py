@@ -186,10 +186,10 @@ def test_rerun_resumes_and_finishes_the_pipeline_through_slurm(interrupted: Inte
 
     # every job of both controllers went through Slurm: accounted, logged by the plugin
     all_jobs = submitted_jobs(interrupted.output) + jobs
-    states = sacct_states([job.slurm_id for job in all_jobs])
+    ids = [job.slurm_id for job in all_jobs]
     expected = {job.slurm_id: "COMPLETED" for job in all_jobs}
     expected[submitted_jobs(interrupted.output)[-1].slurm_id] = "CANCELLED"
-    assert states == expected
+    assert wait_for(lambda: sacct_states(ids) == expected, 30), (sacct_states(ids), expected)
     for job in all_jobs:
         assert job.log.is_file(), f"no Slurm log for {job}"
         assert f"rule {job.rule}" in job.log.read_text(encoding="utf-8"), job.log
