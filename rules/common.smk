@@ -32,6 +32,10 @@ RUNS_REPORT_DIR = "results/report/runs"
 CACHE_FIELDS = ("dataset", "dataset_revision", "tokenizer", "tokenizer_revision", "shuffle_seed", "shuffle_buffer")
 
 
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
 # ----------------------------------------------------------------------------- workflow config
 
 
@@ -203,7 +207,7 @@ def recipe_args(size: str, overrides: dict | None = None, configs: tuple[str, ..
 def load_size_recipe(size: str, overrides: dict | None = None, where: str | None = None) -> RecipeConfig:
     """The validated recipe `recipe_args(size, overrides)` describes (the merge the CLI performs)."""
     try:
-        preset = _preset(config["sizes"][size]["preset"])
+        preset = preset_dict(config["sizes"][size]["preset"])
         return recipe_from_dict(deep_merge(preset, size_overrides(size, overrides)))
     except ConfigError as exc:
         raise WorkflowError(f"{where or f'sizes.{size}'}: {exc}") from None
@@ -212,7 +216,8 @@ def load_size_recipe(size: str, overrides: dict | None = None, where: str | None
 _PRESETS: dict[str, dict] = {}
 
 
-def _preset(source: str) -> dict:
+def preset_dict(source: str) -> dict:
+    """A preset name or recipe YAML path as a mapping (read once per parse; a fresh copy each call)."""
     if source not in _PRESETS:
         _PRESETS[source] = read_config_source(source)
     return copy.deepcopy(_PRESETS[source])
@@ -273,6 +278,11 @@ def size_threads(size_of: Callable) -> Callable:
     return threads
 
 
+def prepare_runtime(wildcards, attempt) -> int:
+    """Minutes for prepare: the demo takes seconds, the full C4 prefix hours when streamed."""
+    return (30 if is_local_corpus() else 480) * attempt
+
+
 # ----------------------------------------------------------------------------- plain runs
 
 
@@ -327,11 +337,3 @@ def stage_targets(name: str) -> list[str]:
 def default_targets() -> list[str]:
     return [target for targets in _STAGE_TARGETS.values() for target in targets]
 
-
-def prepare_runtime(wildcards, attempt) -> int:
-    """Minutes for prepare: the demo takes seconds, the full C4 prefix hours when streamed."""
-    return (30 if is_local_corpus() else 480) * attempt
-
-
-wildcard_constraints:
-    run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
