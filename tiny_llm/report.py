@@ -297,8 +297,16 @@ def plot_curves(records: list[RunRecord], path: Path) -> None:
 
 
 def selected_yaml(rec: RunRecord, size: str) -> str:
-    header = f"# Best run for size {size}: {rec.run} (final validation loss {_fmt(rec.loss, 'loss')})\n"
-    return header + yaml.safe_dump(rec.recipe, sort_keys=False)
+    """The best run's complete recipe, aimed at a fresh run directory (training it again must not collide)."""
+    source = rec.recipe.get("runtime", {}).get("output_dir", rec.run)
+    header = (
+        f"# Best run for size {size}: {rec.run} (final validation loss {_fmt(rec.loss, 'loss')})\n"
+        f"# trained in {source}\n"
+    )
+    recipe = {**rec.recipe}
+    if isinstance(recipe.get("runtime"), dict):
+        recipe["runtime"] = {**recipe["runtime"], "output_dir": f"runs/selected-{size}"}
+    return header + yaml.safe_dump(recipe, sort_keys=False)
 
 
 def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | None = None) -> dict[str, Any]:

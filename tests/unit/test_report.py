@@ -125,6 +125,8 @@ def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tm
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
     selected = yaml.safe_load((out / "selected-m.yaml").read_text())
     assert selected["model"]["num_layers"] == 3 and selected["optimizer"]["lr"] == 1e-3
+    assert selected["runtime"]["output_dir"] == "runs/selected-m"  # a fresh directory, not the campaign run's
+    assert f"# trained in {runs / 'stage2' / 'm-parent1'}" in (out / "selected-m.yaml").read_text()
     assert load_recipe([str(out / "selected-s.yaml")]).optimizer.lr == 3e-4  # a usable recipe
     assert re.search(r"- s: `s-lr0.0003-wd0`", report_md)
 

@@ -162,8 +162,9 @@ def test_tiny_campaign_end_to_end(campaign_run: Campaign) -> None:
     table = [line for line in (root / "report/report.md").read_text().splitlines() if line.startswith("| t-")]
     assert [line.split("|")[1].strip() for line in table] == [r["run"] for r in rows]
     assert [r["run"] for r in rows[-2:]] == [run for run, _ in ranked["stage3"]]
-    selected = yaml.safe_load((root / "report/selected-t-l.yaml").read_text())
-    assert selected["runtime"]["output_dir"].endswith(ranked["stage3"][0][0])
+    selected = (root / "report/selected-t-l.yaml").read_text()
+    assert f"# trained in results/campaign/stage3/{ranked['stage3'][0][0]}\n" in selected
+    assert yaml.safe_load(selected)["model"]["num_layers"] == 4
     assert (root / "report/learning-curves.png").stat().st_size > 5000
 
 
