@@ -294,7 +294,9 @@ def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
     return deep_merge(base, dict(entry.get("overrides") or {}))
 
 
-def tuned_settings(tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str):
+def tuned_settings(
+    tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str
+) -> dict[str, dict[str, Any]]:
     """The execution settings a tuning result gives a size; ConfigError if it tuned another model."""
     tuned = recipe_to_dict(recipe_from_dict(dict(tuning_recipe)))
     if tuned["model"] != template["model"]:
