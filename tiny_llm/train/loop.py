@@ -68,14 +68,13 @@ class Trainer:
         self.recipe = recipe
         self.run_dir = run_dir
         self.log = log
-        self.session_start = time.perf_counter()
+        self.session_start = time.perf_counter()  # reset where the validation subset is prepared
         self.device = setup_runtime(recipe)
         self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
         self.cache.check_compatible(recipe)
         self.budget: Budget = make_budget(recipe)
         self.cache.check_capacity(self.budget.cache_tokens_needed)
         self.identity = recipe_identity(recipe, self.cache.identity)
-        self.cache_context = recipe.model.context_length
         self.schedule = self.budget.update_schedule()
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
         self.progress = Progress()
@@ -114,6 +113,7 @@ class Trainer:
         atomic_write_yaml(self.run_dir / "resolved.yaml", recipe_to_dict(self.recipe))
         self._write_status("running")
         self._write_environment()
+        self.session_start = time.perf_counter()
         self.subset = validation_subset(
             self.cache,
             self.recipe.model.context_length,
@@ -336,7 +336,9 @@ class Trainer:
         try:
             full = evaluate(
                 self.engine.eval_model(),
-                iter_validation(self.cache, self.cache_context, self.recipe.evaluation.batch_size),
+                iter_validation(
+                    self.cache, self.recipe.model.context_length, self.recipe.evaluation.batch_size
+                ),
                 self.recipe,
                 self.device,
                 split="full",
