@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--component-steps", type=int, default=3)
     parser.add_argument("--output-dir", type=Path, required=True)
     args = parser.parse_args()
     context = load_recipe(args.config, args.set).model.context_length
@@ -54,6 +55,7 @@ def main() -> None:
                 cmd += [a for c in args.config for a in ("--config", c)]
                 cmd += [a for s in [*args.set, *sets] for a in ("--set", s)]
                 cmd += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--no-trace"]
+                cmd += ["--component-steps", str(args.component_steps)]
                 cmd += ["--output", str(output)]
                 subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
                 paths.append(output)
