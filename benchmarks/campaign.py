@@ -42,12 +42,16 @@ def snakemake(workdir: Path, configfile: Path, cores: int, target: str) -> float
 
 def job_times(workdir: Path) -> dict[str, dict[str, float]]:
     """Rule -> count / total / median job wall seconds, from .snakemake/metadata."""
-    per_rule: dict[str, list[float]] = {}
+    jobs: dict[tuple[str, object, float], float] = {}  # one record per output file: one entry per job
     for record in (workdir / ".snakemake" / "metadata").iterdir():
         meta = json.loads(record.read_text())
         path = base64.urlsafe_b64decode(record.name.encode() + b"==").decode(errors="replace")
         if meta.get("starttime") and meta.get("endtime") and "campaign" in path:
-            per_rule.setdefault(meta["rule"], []).append(meta["endtime"] - meta["starttime"])
+            key = (meta["rule"], meta.get("job_hash"), meta["endtime"])
+            jobs[key] = max(jobs.get(key, 0.0), meta["endtime"] - meta["starttime"])
+    per_rule: dict[str, list[float]] = {}
+    for (rule, _, _), seconds in jobs.items():
+        per_rule.setdefault(rule, []).append(seconds)
     return {
         rule: {
             "jobs": len(v),
