@@ -187,3 +187,4 @@ def test_html_report_holds_the_run_table_and_curves(killed_and_resumed: KilledAn
     assert proc.returncode == 0, proc.stdout + proc.stderr
     html = (state.workdir / "report.html").read_text(encoding="utf-8", errors="replace")
     assert "learning-curves.png" in html and "report.md" in html
+    assert "| Run | Parameters | LR |" in html  # the table itself, shown inside its caption
