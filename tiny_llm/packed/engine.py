@@ -15,7 +15,7 @@ from tiny_llm.config import RecipeConfig
 from tiny_llm.io import atomic_write_bytes
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
 from tiny_llm.packed.model import PackedLlama, local_losses
-from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_
+from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_, clip_rows_, needs_clipping, worker_norms
 from tiny_llm.train.device import (
     compute_context,
     uses_compile,
@@ -133,7 +133,7 @@ class PackedEngine:
         consensus use the 0-based update index step - 1."""
         update = step - 1
         local = self.forward_backward(blocks)
-        norms = self.clip()
+        norms = worker_norms(self.model.grad_arena)
         values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
         local_list, norm_list = values[: self.num_models], values[self.num_models :]
         # The logged loss and norm are the workers' means (each worker's own values are in extra).
@@ -142,6 +142,8 @@ class PackedEngine:
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
             raise NonFiniteError(step, f"non-finite {what} (local losses {local_list}, norms {norm_list})")
+        if needs_clipping(norm_list, self.grad_clip):  # skip a pass over the arena when no worker clips
+            clip_rows_(self.model.grad_arena, norms, self.grad_clip)
         gamma = self.gamma(lr, update)
         self.apply_update(lr, update, gamma)
         tokens = blocks.shape[0] * (blocks.shape[1] - 1)
