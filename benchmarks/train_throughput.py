@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -35,6 +36,11 @@ def matmul_peak_flops(dtype: torch.dtype, device: torch.device, size: int = 2048
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", default=[])
@@ -53,13 +59,14 @@ def main() -> None:
     first = time.perf_counter() - start
     for step in range(1, args.warmup):
         engine.train_step(blocks, recipe.optimizer.lr, step)
-    times = []
+    times, cpu_times = [], []
     for step in range(args.steps):
         synchronize(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         engine.train_step(blocks, recipe.optimizer.lr, step)
         synchronize(device)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(cpu_seconds() - c0)
     seconds = statistics.median(times)
     tps = recipe.training.batch_tokens / seconds
     amp = recipe.runtime.cpu_amp if device.type == "cpu" else recipe.runtime.amp
@@ -68,6 +75,11 @@ def main() -> None:
         "tokens_per_second": tps,
         "seconds_per_step": seconds,
         "step_seconds": times,
+        # CPU seconds this process ran per step: on a shared machine, tokens per CPU-second x threads
+        # estimates the throughput of a quiet one (waiting for the CPU does not count, spinning does).
+        "step_cpu_seconds": cpu_times,
+        "tokens_per_cpu_second": recipe.training.batch_tokens / statistics.median(cpu_times),
+        "load_average": os.getloadavg(),
         "first_update_seconds": first,
         "parameters": parameter_count(recipe.model),
         "model_flops_per_second": tps * flops_per_token(recipe.model),
