@@ -106,7 +106,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     commands = [line for block in blocks for line in block.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2, commands
     demo, tests = commands
-    assert demo.startswith("pip install torch==2.13.0 && ") and demo.endswith("&& snakemake")
+    assert demo.startswith("pip install torch==2.13.0 && ") and demo.endswith("&& python -m snakemake")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert tests in ci.splitlines()
     assert "set -euo pipefail" in ci
