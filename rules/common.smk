@@ -246,7 +246,7 @@ def prepare_args(wildcards) -> str:
     """Recipe of the cache: the first size's settings, train tokens for the largest registered budget."""
     sizes = list(config["sizes"])
     if not sizes:
-        raise WorkflowError("sizes: empty; the token cache is prepared for the sizes' recipes, so define at least one")
+        raise WorkflowError("sizes: empty; the token cache is prepared for the sizes' recipes, define at least one")
     need = max(_CACHE_NEEDS + [make_budget(size_recipe(name)).cache_tokens_needed for name in sizes])
     return recipe_args(sizes[0], {"data": {"prepare_train_tokens": need}})
 
