@@ -1,4 +1,4 @@
-# tiny-llm: corpus -> tokenizer -> token cache -> training runs (and tuning, campaign, packed stages) -> report.
+# tiny-llm: corpus -> tokenizer -> token cache -> training runs, tuning, campaign, packed stages -> report.
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
 from snakemake.utils import min_version
 

@@ -19,8 +19,8 @@ from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig, deep_merge, read_config_source, recipe_from_dict
 from tiny_llm.errors import ConfigError
 
-# Bump when a library change is meant to change training results: training rules carry it as a param, so a bump
-# reruns them, while ordinary code edits leave finished runs alone.
+# Bump when a library change is meant to change training results: training rules carry it as a param, so a
+# bump reruns them, while ordinary code edits leave finished runs alone.
 NUMERICS_VERSION = 1
 
 CORPUS_DIR = "results/data/corpus"
@@ -29,7 +29,14 @@ RUNS_DIR = "results/runs"
 RUNS_REPORT_DIR = "results/report/runs"
 
 # Recipe fields every size must share, because one token cache serves them all.
-CACHE_FIELDS = ("dataset", "dataset_revision", "tokenizer", "tokenizer_revision", "shuffle_seed", "shuffle_buffer")
+CACHE_FIELDS = (
+    "dataset",
+    "dataset_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "shuffle_seed",
+    "shuffle_buffer",
+)
 
 
 wildcard_constraints:
@@ -43,9 +50,8 @@ def validate_workflow_config(config: dict, schema_file: str) -> None:
     """Reject unknown keys and wrong types with one line each, then fill the schema's defaults."""
     text = (Path(workflow.basedir) / schema_file).read_text(encoding="utf-8")
     schema = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
-    )
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         sources = ", ".join(map(str, workflow.configfiles)) or "the workflow config"
         lines = "\n  ".join(_schema_problem(error) for error in errors)
@@ -74,7 +80,8 @@ def _check_sizes_and_runs(config: dict) -> None:
     for run, spec in config["runs"].items():
         if spec["size"] not in config["sizes"]:
             raise WorkflowError(
-                f"runs.{run}.size: unknown size '{spec['size']}'; sizes: {', '.join(config['sizes']) or 'none'}"
+                f"runs.{run}.size: unknown size '{spec['size']}'; "
+                f"sizes: {', '.join(config['sizes']) or 'none'}"
             )
         register_recipe(load_size_recipe(spec["size"], spec["overrides"], where=f"runs.{run}"))
     _check_one_cache(config)
@@ -95,7 +102,8 @@ def _check_one_cache(config: dict) -> None:
         for field in CACHE_FIELDS:
             if getattr(other.data, field) != getattr(first.data, field):
                 raise WorkflowError(
-                    f"sizes.{name}: data.{field} differs from size '{sizes[0]}'; all sizes share one token cache"
+                    f"sizes.{name}: data.{field} differs from size '{sizes[0]}'; "
+                    "all sizes share one token cache"
                 )
     if config["data"]["tokenizer"] == "train" and not is_local_corpus():
         raise WorkflowError(
@@ -155,7 +163,7 @@ def prepare_inputs(wildcards) -> dict[str, str]:
 def tokenizer_vocab_size() -> int:
     sizes = list(config["sizes"])
     if not sizes:
-        raise WorkflowError("data.tokenizer: 'train' needs at least one entry in sizes (for model.vocab_size)")
+        raise WorkflowError("data.tokenizer: 'train' needs an entry in sizes (for model.vocab_size)")
     return size_recipe(sizes[0]).model.vocab_size
 
 
@@ -174,7 +182,7 @@ def flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def set_value(value: object) -> str:
-    """A --set value the library parses back to ``value`` (YAML): plain strings stay bare, the rest is JSON."""
+    """A --set value the library parses back to ``value`` (YAML): plain strings stay bare, others JSON."""
     if isinstance(value, str) and _reads_back(value):
         return value
     return json.dumps(value)
@@ -182,7 +190,8 @@ def set_value(value: object) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _reads_back(text: str) -> bool:
-    return text.strip() == text and yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == text
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return text.strip() == text and yaml.load(text, Loader=loader) == text
 
 
 def size_overrides(size: str, overrides: dict | None = None) -> dict:
@@ -238,7 +247,7 @@ _CACHE_NEEDS: list[int] = []
 
 
 def register_recipe(recipe: RecipeConfig) -> None:
-    """Make the shared token cache large enough for ``recipe`` (stages call this for each run they declare)."""
+    """Make the shared token cache large enough for ``recipe`` (stages call this per declared run)."""
     _CACHE_NEEDS.append(make_budget(recipe).cache_tokens_needed)
 
 
@@ -246,7 +255,7 @@ def prepare_args(wildcards) -> str:
     """Recipe of the cache: the first size's settings, train tokens for the largest registered budget."""
     sizes = list(config["sizes"])
     if not sizes:
-        raise WorkflowError("sizes: empty; the token cache is prepared for the sizes' recipes, define at least one")
+        raise WorkflowError("sizes: empty; the token cache is prepared for the sizes' recipes, define one")
     need = max(_CACHE_NEEDS + [make_budget(size_recipe(name)).cache_tokens_needed for name in sizes])
     return recipe_args(sizes[0], {"data": {"prepare_train_tokens": need}})
 
@@ -259,7 +268,7 @@ def uses_gpu(size: str) -> bool:
 
 
 def size_resources(size_of: Callable) -> dict[str, Callable]:
-    """gpu / mem_mb / runtime (minutes, scaled by attempt) for a job training a model of ``size_of(wildcards)``."""
+    """gpu, mem_mb, runtime (minutes x attempt) of a job training a ``size_of(wildcards)`` model."""
 
     def gpu(wildcards) -> int:
         return int(uses_gpu(size_of(wildcards)))

@@ -1,6 +1,7 @@
-# Plain training runs: results/runs/<run>/result.json, an evaluation of the final checkpoint, learning curves.
-# The trainer keeps its resumable state (latest.pt, metrics, best.json) beside result.json in the run directory;
-# only result.json is declared, so Snakemake never deletes that state and `--resume auto` picks it up on a rerun.
+# Plain training runs: results/runs/<run>/result.json and an evaluation of the final checkpoint.
+# The trainer keeps its resumable state (latest.pt, metrics, best.json) beside result.json in the run
+# directory; only result.json is declared, so Snakemake never deletes that state and `--resume auto` picks it
+# up on a rerun.
 
 
 rule train_run:
