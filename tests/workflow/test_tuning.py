@@ -21,11 +21,11 @@ TINY_PROFILE = {
     "steps": 1,
     "windows": 1,
     "stage1": [[8, False], [16, False]],
-    "attention_variants": ["math"],
+    "attention_variants": [],  # stages 2 and 4 are left out to keep this test short;
     "cpu_amp_variants": [False],
-    "threads": [],  # no stage 4: keeps the test short
+    "threads": [],  # the unit tests cover their ranks
 }
-SLOTS = ["s1-m8-eager", "s1-m16-eager", "s2-r0-math", "s2-r1-math", "s3-r0-fp32"]
+SLOTS = ["s1-m8-eager", "s1-m16-eager", "s3-r0-fp32"]
 
 
 def tuning_config(**profile) -> dict:
@@ -68,9 +68,9 @@ def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None
     folder = tmp_path / "results" / "toy-tuning"
     results = {s: json.loads((folder / "candidates" / f"{s}.json").read_text()) for s in SLOTS}
     assert all(r["status"] == "ok" for r in results.values())
-    assert results["s3-r0-fp32"]["reused_from"] is not None  # cpu_amp false is the parent itself
-    stage1 = sorted(SLOTS[:2], key=lambda s: -results[s]["tokens_per_second"])
-    assert results["s2-r0-math"]["parent"] == stage1[0] and results["s2-r1-math"]["parent"] == stage1[1]
+    fastest = max(SLOTS[:2], key=lambda s: results[s]["tokens_per_second"])
+    # cpu_amp false is the best candidate itself: reused, not rerun
+    assert results["s3-r0-fp32"]["parent"] == results["s3-r0-fp32"]["reused_from"] == fastest
     summary = json.loads((folder / "summary.json").read_text())
     best = summary["selected"]
     assert best["tokens_per_second"] == max(r["tokens_per_second"] for r in results.values())

@@ -179,7 +179,8 @@ def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]
             "sequences of one update (training.batch_tokens)"
         )
     default_attention = ("flash", "cudnn") if profile.space == "gpu" else ("math", "reference")
-    attention = tuple(_attention_variant(a) for a in (profile.attention_variants or default_attention))
+    chosen = default_attention if profile.attention_variants is None else profile.attention_variants
+    attention = tuple(_attention_variant(a) for a in chosen)
     threads = tuple(Variant(f"t{n}", {"runtime.cpu_threads": n}) for n in profile.threads)
     if profile.space == "gpu":
         third = StageSpec(
