@@ -25,10 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-tokenizer": ("tiny_llm.commands.train_tokenizer", "train a byte-level BPE tokenizer (demo)"),
     "prepare": ("tiny_llm.commands.prepare", "build, or verify and reuse, the token cache"),
     "campaign": ("tiny_llm.commands.campaign", "plan / select / rank the stages of the recipe campaign"),
-    "report": ("tiny_llm.commands.report", "comparison table, JSON, learning curves and best recipes of runs"),
+    "report": ("tiny_llm.commands.report", "tables, JSON, learning curves and best recipes of runs"),
     "benchmark-worker": ("tiny_llm.commands.benchmark_worker", "measure training throughput of a recipe"),
     "tune": ("tiny_llm.commands.tune", "staged throughput tuner: plan, candidate, select, run"),
-    "benchmark-packed-worker": ("tiny_llm.commands.benchmark_packed_worker", "time packed vs sequential N models"),
+    "benchmark-packed-worker": ("tiny_llm.commands.benchmark_packed_worker", "time packed vs sequential N"),
     "benchmark-packed-summary": ("tiny_llm.commands.benchmark_packed_summary", "packed speedups and plot"),
 }
 

@@ -71,9 +71,10 @@ def test_forced_kernels_dispatch_or_fail_clearly():
     assert math_run["status"] == "ok"
     assert any("math" in k for k in math_run["attention_kernels"])
     assert not any("flash" in k for k in math_run["attention_kernels"])
-    gpu_only = run_worker(load_recipe(["tiny"], [*TINY, "runtime.sdpa_backend=cudnn"]), QUICK)
-    assert gpu_only["status"] == "failed" and gpu_only["tokens_per_second"] is None
-    assert "runtime.sdpa_backend" in gpu_only["error"] and "CPU" in gpu_only["error"]
+    for kernel in ("flash", "cudnn"):
+        gpu_only = run_worker(load_recipe(["tiny"], [*TINY, f"runtime.sdpa_backend={kernel}"]), QUICK)
+        assert gpu_only["status"] == "failed" and gpu_only["tokens_per_second"] is None
+        assert f"runtime.sdpa_backend: '{kernel}'" in gpu_only["error"] and "CPU" in gpu_only["error"]
 
 
 def test_gpu_name_requirement_refuses_other_hardware():

@@ -155,6 +155,8 @@ def test_state_round_trip_continues_identically() -> None:
 def test_gpu_only_sdpa_kernel_is_refused_on_cpu() -> None:
     with pytest.raises(ConfigError, match="runtime.sdpa_backend: 'cudnn' is a GPU-only kernel.*CPU"):
         check_sdpa_backend(load_recipe(["tiny"], ["runtime.sdpa_backend=cudnn"]), CPU)
+    with pytest.raises(ConfigError, match="runtime.sdpa_backend: 'flash' is a GPU-only kernel.*CPU"):
+        check_sdpa_backend(load_recipe(["tiny"], ["runtime.sdpa_backend=flash"]), CPU)
     check_sdpa_backend(load_recipe(["tiny"], ["runtime.sdpa_backend=math"]), CPU)
 
 

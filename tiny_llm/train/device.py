@@ -20,7 +20,8 @@ from tiny_llm.errors import ConfigError, RunStateError
 
 # Lock files that keep parallel local jobs on different GPUs; held for the life of the process.
 _GPU_LOCKS: list[int] = []
-GPU_KERNELS_ONLY = ("cudnn", "efficient")
+# Forcing one of these is a CUDA request; on the CPU `auto` already picks PyTorch's CPU flash kernel.
+GPU_KERNELS_ONLY = ("flash", "cudnn", "efficient")
 
 
 def default_cpu_threads() -> int:
@@ -89,7 +90,7 @@ def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
     if device.type == "cpu" and backend in GPU_KERNELS_ONLY:
         raise ConfigError(
             f"runtime.sdpa_backend: '{backend}' is a GPU-only kernel and the device is the CPU; "
-            "use auto, flash or math"
+            "use auto (PyTorch's CPU flash kernel) or math"
         )
 
 
