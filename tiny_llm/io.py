@@ -10,10 +10,11 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -32,15 +33,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` via temp file + fsync + rename."""
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(handle)`` on a temp sibling of ``path``, fsync it and rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -49,6 +50,29 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` via temp file + fsync + rename."""
+    atomic_write_with(path, lambda handle: handle.write(data))
+
+
+@contextlib.contextmanager
+def replacing_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(output.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

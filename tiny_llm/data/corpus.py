@@ -16,15 +16,13 @@ import json
 import math
 import os
 import re
-import shutil
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import fsync_dir
+from tiny_llm.io import replacing_directory
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 LEE_FILE = "lee_background.cor"
@@ -214,21 +212,11 @@ def write_c4_dir(output: Path, train: list[Document], validation: list[Document]
     output = Path(output)
     if output.exists() and any(not p.name.startswith("c4-") for p in output.iterdir()):
         raise DataError(f"--output {output} exists and holds other files; choose a new directory")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with replacing_directory(output) as tmp:
         counts = {
             split: _write_split(tmp, split, docs)
             for split, docs in (("train", train), ("validation", validation))
         }
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(output.parent)
     return counts
 
 

@@ -10,13 +10,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import canonical_json, fsync_dir
+from tiny_llm.io import canonical_json, replacing_directory
 
 MAX_UINT16_VOCAB = 65536
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "<|end_of_text|>")
@@ -283,19 +282,8 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 def save_tokenizer_dir(tokenizer: TextTokenizer, output: Path) -> None:
     """Write the tokenizer into a fresh directory and rename it into place (replacing an older one)."""
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with replacing_directory(output) as tmp:
         tokenizer.save(tmp)
         for file in tmp.iterdir():
             with open(file, "rb") as handle:
                 os.fsync(handle.fileno())
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(output.parent)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +10,7 @@ import numpy as np
 import torch
 
 from tiny_llm.errors import RunStateError
-from tiny_llm.io import fsync_dir
+from tiny_llm.io import atomic_write_with
 
 STATE_FORMAT = "tiny-llm-train-state"
 STATE_VERSION = 1
@@ -22,19 +19,7 @@ LATEST, FINAL = "latest.pt", "final.pt"
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save to a temp sibling, fsync, rename: a reader never sees half a state."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    atomic_write_with(path, lambda handle: torch.save(obj, handle))
 
 
 def rng_state() -> dict[str, Any]:
