@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
+from torch.profiler import record_function
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.io import atomic_write_bytes
@@ -103,28 +104,34 @@ class ModelEngine:
                 raise UpdateAborted()
             # Full microbatches run compiled; a short one runs eagerly instead of recompiling.
             loss_fn = self._compiled_loss if micro.shape[0] == self.micro_batch_size else self._loss
-            with compute_context(self.recipe, self.device):
+            with record_function("forward_and_loss"), compute_context(self.recipe, self.device):
                 summed = loss_fn(micro[:, :-1], micro[:, 1:])
-            (summed / num_targets).backward()
+            with record_function("backward"):
+                (summed / num_targets).backward()
             total += summed.detach()
         return total
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
+        # Named regions cost nothing without a profiler; with one (benchmark-worker --profile) they split
+        # the production update into data / forward_and_loss / backward / clipping / optimizer.
         num_targets = blocks.shape[0] * (blocks.shape[1] - 1)
-        blocks = blocks.to(self.device, non_blocking=True)
+        with record_function("data"):
+            blocks = blocks.to(self.device, non_blocking=True)
         total = self.forward_backward(blocks, num_targets)
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm_t = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
-        loss, grad_norm = torch.stack([total / num_targets, norm_t.float()]).tolist()  # one device sync
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        with record_function("clipping"):
+            grads = [p.grad for p in self.params if p.grad is not None]
+            norm_t = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
+            loss, grad_norm = torch.stack([total / num_targets, norm_t.float()]).tolist()  # one device sync
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                what = "loss" if not math.isfinite(loss) else "gradient norm"
+                raise NonFiniteError(step, f"non-finite {what} (loss {loss}, grad_norm {grad_norm})")
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
+        with record_function("optimizer"):
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            what = "loss" if not math.isfinite(loss) else "gradient norm"
-            raise NonFiniteError(step, f"non-finite {what} (loss {loss}, grad_norm {grad_norm})")
-        if self.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
 
     def eval_model(self) -> nn.Module:
