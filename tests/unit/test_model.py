@@ -14,9 +14,7 @@ from tiny_llm.model import Llama, RMSNorm, count_parameters, loss_sum
 TOY = ModelConfig(vocab_size=97, num_layers=2, width=32, num_heads=4, ffn_width=48, context_length=16)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("preset", ["tiny", "demo-s", "demo-m", "demo-l", "20m", "50m", "90m"])

@@ -16,13 +16,7 @@ from tiny_llm.train.engine import ModelEngine, NonFiniteError
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Toy shapes run fastest, and steadiest on a shared CI box, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def packed_recipe(*sets: str):

@@ -21,13 +21,7 @@ from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_
 TOPOLOGIES = ("complete", "one_peer_ring", "one_peer_exponential")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Toy shapes run fastest, and steadiest on a shared CI box, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_layout_pads_entries_to_64_and_views_alias_the_arena():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_helpers import metric_rows
 
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import RunStateError
@@ -25,22 +26,10 @@ SETS = [
     "evaluation.subset_blocks=16",
     "runtime.cpu_threads=1",
 ]
-TIMING_KEYS = {
-    "tokens_per_second",
-    "training_seconds",
-    "elapsed_tokens_per_second",
-    "peak_memory_bytes",
-    "seconds",
-}
 
 
 def packed_recipe(cache: Path, args, run_dir: Path, *extra: str):
     return load_recipe(["packed4-tiny"], [*args(cache), *SETS, f"runtime.output_dir={run_dir}", *extra])
-
-
-def rows(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +40,7 @@ def straight_run(tiny_cache, tiny_recipe_args, tmp_path_factory) -> Path:
 
 
 def test_packed_run_logs_workers_and_exports_average_and_nodes(straight_run):
-    train = [r for r in rows(straight_run) if r["event"] == "train"]
+    train = [r for r in metric_rows(straight_run) if r["event"] == "train"]
     assert train and all(len(r["local_losses"]) == 4 and len(r["local_grad_norms"]) == 4 for r in train)
     assert all(r["mixing_gamma"] == 1.0 and r["tokens_per_model"] * 4 <= 1024 for r in train)
     assert train[0]["tokens_per_model"] == 256  # worker i trains on blocks i, i+4, ... of 16
@@ -71,7 +60,7 @@ def test_evaluate_on_a_packed_checkpoint_uses_the_average(straight_run):
     from_state = evaluate_checkpoint(recipe, straight_run / "final.pt", full=True)
     from_weights = evaluate_checkpoint(recipe, straight_run / "final.safetensors", full=True)
     assert from_state["loss"] == pytest.approx(from_weights["loss"], abs=1e-6)
-    final = [r for r in rows(straight_run) if r["event"] != "train"][-1]
+    final = [r for r in metric_rows(straight_run) if r["event"] != "train"][-1]
     assert from_state["loss"] == pytest.approx(final["loss"], abs=1e-5)
     assert result  # result.json written last
 
@@ -91,7 +80,7 @@ def test_packed_resume_is_bitwise(straight_run, tiny_cache, tiny_recipe_args, tm
     assert run_training(recipe, quiet=True) == 130
     monkeypatch.setattr(PackedEngine, "train_step", original)
     assert run_training(recipe, resume="auto", quiet=True) == 0
-    assert rows(run_dir) == rows(straight_run)
+    assert metric_rows(run_dir) == metric_rows(straight_run)
     for name in ["final.safetensors"] + [f"node-{i:03d}/final.safetensors" for i in range(4)]:
         a, b = load_file(run_dir / name), load_file(straight_run / name)
         assert all(torch.equal(a[k], b[k]) for k in a)

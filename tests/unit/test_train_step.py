@@ -18,9 +18,7 @@ from tiny_llm.train.optim import parameter_groups
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def engine(*sets: str) -> ModelEngine:
