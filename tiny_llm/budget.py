@@ -2,15 +2,18 @@
 
 Everything here is a small function of the recipe, so it is shared by the
 trainer, `describe`, the tuner and the campaign's GPU-hour estimate, and is
-unit-tested at its edges.
+unit-tested at its edges. It only reads the recipe's fields, so the config
+module, whose validation asks for the packed-epoch check below, can import it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tiny_llm.config import ModelConfig, OptimizerConfig, RecipeConfig
+if TYPE_CHECKING:  # annotations only: config imports this module
+    from tiny_llm.config import ModelConfig, OptimizerConfig, RecipeConfig
 
 
 def parameter_count(model: ModelConfig) -> int:
@@ -103,6 +106,18 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
         blocks_per_update=training.batch_tokens // L,
         epoch_boundaries=boundaries,
     )
+
+
+def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
+    """Every epoch boundary must be a multiple of N blocks, and no epoch may be empty (recipe validation)."""
+    n = recipe.decentralized.num_models
+    bounds = make_budget(recipe).epoch_boundaries
+    if all(b % n == 0 for b in bounds) and len(set(bounds)) == len(bounds) and bounds[0] > 0:
+        return []
+    return [
+        f"training.epoch_tokens_per_parameter: packed epochs must each hold a positive multiple of "
+        f"decentralized.num_models={n} blocks (boundaries {list(bounds[:3])}...); use longer epochs"
+    ]
 
 
 def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:

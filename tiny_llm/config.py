@@ -22,6 +22,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from tiny_llm.budget import packed_epoch_problems
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
@@ -477,22 +478,8 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
     if ac is not None and not (0 <= ac.start_frac <= 1 and ac.p > 0):
         problems.append("decentralized.adaptive_consensus: needs 0 <= start_frac <= 1 and p > 0")
     if not problems:
-        problems += _packed_epoch_problems(recipe)
+        problems += packed_epoch_problems(recipe)
     return problems
-
-
-def _packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
-    """Every epoch boundary must be a multiple of N blocks, and no epoch may be empty."""
-    from tiny_llm.budget import make_budget  # budget imports this module
-
-    n = recipe.decentralized.num_models
-    bounds = make_budget(recipe).epoch_boundaries
-    if all(b % n == 0 for b in bounds) and len(set(bounds)) == len(bounds) and bounds[0] > 0:
-        return []
-    return [
-        f"training.epoch_tokens_per_parameter: packed epochs must each hold a positive multiple of "
-        f"decentralized.num_models={n} blocks (boundaries {list(bounds[:3])}...); use longer epochs"
-    ]
 
 
 # ----------------------------------------------------------------------------- dumping
