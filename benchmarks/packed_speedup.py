@@ -2,7 +2,7 @@
 
 Runs `python -m tiny_llm benchmark-packed-worker` for every (mode, N, execution) at a fixed global batch
 (per-worker micro batch = global / (N x context)), packed and sequential alternating so slow drift of a shared
-host hits both, then `tiny_llm.packed.summary.summarize`.
+host hits both, then `tiny_llm.bench.packed_summary.summarize`.
 
 Example (the small shape, eager and compiled, 2 threads):
     python benchmarks/packed_speedup.py --config packed4-tiny --set decentralized.topology=complete \
@@ -18,9 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tiny_llm.bench.packed_summary import plot_summary, summarize
 from tiny_llm.config import load_recipe
 from tiny_llm.io import atomic_write_json, read_json
-from tiny_llm.packed.summary import plot_summary, summarize
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import torch
 
 from tiny_llm.budget import flops_per_token, parameter_count
 from tiny_llm.config import load_recipe
-from tiny_llm.train.device import peak_memory_bytes, setup_runtime, synchronize
-from tiny_llm.train.engine import build_engine
+from tiny_llm.runner import build_engine
+from tiny_llm.runtime.device import peak_memory_bytes, setup_runtime, synchronize
 
 
 def matmul_peak_flops(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 10) -> float:

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tiny_llm.bench import profiling
-from tiny_llm.bench.mfu import Peak, gpu_peak, mfu
 from tiny_llm.bench.worker import WorkerOptions, median_window, run_worker
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError, DataError
-from tiny_llm.train.device import setup_runtime
-from tiny_llm.train.engine import build_engine
+from tiny_llm.runner import build_engine
+from tiny_llm.runtime.device import setup_runtime
+from tiny_llm.runtime.mfu import Peak, gpu_peak, mfu
 
 SPEC_KEYS = {
     "status",

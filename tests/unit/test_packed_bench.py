@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tiny_llm.bench.packed import PackedBenchOptions, run_packed_benchmark
+from tiny_llm.bench.packed_summary import summarize
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
-from tiny_llm.packed.bench import PackedBenchOptions, run_packed_benchmark
-from tiny_llm.packed.summary import summarize
 
 
 @pytest.fixture(scope="module")

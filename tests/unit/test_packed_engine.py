@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from tiny_llm.config import load_recipe
 from tiny_llm.model import Llama, loss_sum
 from tiny_llm.packed.engine import PackedEngine, split_workers
-from tiny_llm.train.engine import ModelEngine, NonFiniteError
+from tiny_llm.runtime.engine import NonFiniteError
+from tiny_llm.train.engine import ModelEngine
 
 CPU = torch.device("cpu")
 

@@ -13,9 +13,8 @@ from train_helpers import metric_rows
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import RunStateError
 from tiny_llm.packed.engine import PackedEngine
-from tiny_llm.train import signals
-from tiny_llm.train.evaluate import evaluate_checkpoint
-from tiny_llm.train.loop import run_training
+from tiny_llm.runner import evaluate_checkpoint, run_training
+from tiny_llm.runtime import signals
 
 SETS = [
     "training.tokens_per_parameter=0.125",

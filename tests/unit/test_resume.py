@@ -16,8 +16,9 @@ from train_helpers import cli_sets, metric_rows, restore_torch_globals, small_re
 
 from tiny_llm.errors import RunStateError
 from tiny_llm.io import exclusive_lock, read_json
-from tiny_llm.train import loop, signals
-from tiny_llm.train.loop import run_training
+from tiny_llm.runner import run_training
+from tiny_llm.runtime import signals
+from tiny_llm.train import loop
 
 pytestmark = pytest.mark.slow
 

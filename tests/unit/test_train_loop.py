@@ -13,10 +13,10 @@ from train_helpers import restore_torch_globals, small_recipe  # noqa: F401
 
 from tiny_llm.cli import main
 from tiny_llm.io import read_json
-from tiny_llm.train import device as device_module
-from tiny_llm.train.engine import ModelEngine, NonFiniteError
-from tiny_llm.train.evaluate import evaluate_checkpoint
-from tiny_llm.train.loop import run_training
+from tiny_llm.runner import evaluate_checkpoint, run_training
+from tiny_llm.runtime import device as device_module
+from tiny_llm.runtime.engine import NonFiniteError
+from tiny_llm.train.engine import ModelEngine
 
 pytestmark = pytest.mark.slow
 SHORT = ("training.tokens_per_parameter=0.1", "training.epoch_tokens_per_parameter=0.04")  # 15 updates

@@ -10,10 +10,11 @@ import torch
 from tiny_llm import model as model_module
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.train import signals
-from tiny_llm.train.device import check_sdpa_backend, compute_context
-from tiny_llm.train.engine import ModelEngine, NonFiniteError, UpdateAborted
-from tiny_llm.train.optim import parameter_groups
+from tiny_llm.runtime import signals
+from tiny_llm.runtime.device import check_sdpa_backend, compute_context
+from tiny_llm.runtime.engine import NonFiniteError, UpdateAborted
+from tiny_llm.runtime.optim import parameter_groups
+from tiny_llm.train.engine import ModelEngine
 
 CPU = torch.device("cpu")
 
@@ -159,7 +160,7 @@ def test_gpu_only_sdpa_kernel_is_refused_on_cpu() -> None:
 
 
 def test_forced_math_kernel_is_used() -> None:
-    from tiny_llm.train.device import dispatched_attention_kernels
+    from tiny_llm.runtime.device import dispatched_attention_kernels
 
     recipe = load_recipe(["tiny"], ["runtime.sdpa_backend=math"])
     eng = ModelEngine(recipe, CPU)

@@ -1,1 +1,1 @@
-"""Throughput: benchmark worker, tuning candidates and runner, MFU, profiling."""
+"""Throughput: benchmark worker, packed benchmark and its summary, tuning candidates and runner, profiling."""

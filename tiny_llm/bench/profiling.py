@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from tiny_llm.io import atomic_write_text
-from tiny_llm.train.device import synchronize
+from tiny_llm.runtime.device import synchronize
 
 REGIONS = ("data", "forward_and_loss", "backward", "clipping", "optimizer")
 TABLE_ROWS = 40

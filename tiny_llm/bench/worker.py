@@ -23,13 +23,14 @@ from typing import Any, Literal
 import torch
 
 from tiny_llm.bench import profiling
-from tiny_llm.bench.mfu import Peak, device_peak, mfu
 from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
-from tiny_llm.train.device import autocast_dtype, peak_memory_bytes, setup_runtime, synchronize
-from tiny_llm.train.engine import NonFiniteError, build_engine
-from tiny_llm.train.environment import capture_environment
+from tiny_llm.runner import build_engine
+from tiny_llm.runtime.device import autocast_dtype, peak_memory_bytes, setup_runtime, synchronize
+from tiny_llm.runtime.engine import NonFiniteError
+from tiny_llm.runtime.environment import capture_environment
+from tiny_llm.runtime.mfu import Peak, device_peak, mfu
 
 MEMORY_LIMIT_FRACTION = 0.9
 # Allocator settings that change CPU throughput a lot (see SPEC §10); recorded with the numbers.

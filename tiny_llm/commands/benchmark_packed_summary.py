@@ -17,7 +17,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiny_llm.packed.summary import plot_summary, summarize
+    from tiny_llm.bench.packed_summary import plot_summary, summarize
 
     results = []
     for path in args.inputs:

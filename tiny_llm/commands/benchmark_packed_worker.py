@@ -24,7 +24,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiny_llm.packed.bench import PackedBenchOptions, run_packed_benchmark
+    from tiny_llm.bench.packed import PackedBenchOptions, run_packed_benchmark
 
     recipe = recipe_from_args(args)
     if recipe.decentralized is None:

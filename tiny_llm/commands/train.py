@@ -21,6 +21,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
-    from tiny_llm.train.loop import run_training
+    from tiny_llm.runner import run_training
 
     return run_training(recipe, resume=args.resume, quiet=args.quiet)

@@ -1,4 +1,4 @@
-"""PackedEngine: the trainer's Engine protocol for N decentralized workers in one process."""
+"""PackedEngine: the runtime's Engine contract for N decentralized workers in one process."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from tiny_llm.io import atomic_write_bytes
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
 from tiny_llm.packed.model import PackedLlama, local_losses
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_, clip_rows_, needs_clipping, worker_norms
-from tiny_llm.train.device import (
+from tiny_llm.runtime.device import (
     compute_context,
     uses_compile,
     uses_fused_optimizer,
     uses_reference_attention,
 )
-from tiny_llm.train.engine import NonFiniteError, StepStats, build_model
+from tiny_llm.runtime.engine import NonFiniteError, StepStats, build_model
 
 # Parameter views into an arena are strided; autograd warns about it but accumulates in place correctly.
 _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"

@@ -1,1 +1,1 @@
-"""Training: engine, loop, checkpoints, metrics, evaluation, runtime setup."""
+"""Training: the ordinary engine, the loop, checkpoints, metrics, evaluation (on ``tiny_llm.runtime``)."""

@@ -1,16 +1,13 @@
-"""The training engine: one optimizer update from a batch of token blocks.
+"""The ordinary engine: one Llama model's optimizer update from a batch of token blocks.
 
-``build_engine`` returns the ordinary single-model engine, or the packed
-decentralized engine when ``recipe.decentralized`` is set. The training loop,
-the benchmark worker and evaluation only use the ``Engine`` protocol.
+It implements the runtime's ``Engine`` contract (``tiny_llm.runtime.engine``), as the
+packed engine does; ``tiny_llm.runner.build_engine`` picks one of the two for a recipe.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 from safetensors.torch import save as safetensors_bytes
@@ -19,56 +16,16 @@ from torch.profiler import record_function
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.io import atomic_write_bytes
-from tiny_llm.model import Llama, loss_sum
-from tiny_llm.train import signals
-from tiny_llm.train.device import (
+from tiny_llm.model import loss_sum
+from tiny_llm.runtime import signals
+from tiny_llm.runtime.device import (
     compute_context,
     sdpa_context,
     uses_compile,
     uses_fused_optimizer,
-    uses_reference_attention,
 )
-from tiny_llm.train.optim import build_optimizer, set_lr
-
-
-@dataclass
-class StepStats:
-    loss: float
-    """Token-mean cross entropy of the whole update (nats)."""
-    grad_norm: float
-    """Global L2 gradient norm before clipping."""
-    tokens: int
-    """Targets in the update."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Engine-specific values (packed: local_losses, ...)."""
-
-
-class NonFiniteError(Exception):
-    """A non-finite loss or gradient norm; the run stops as failed."""
-
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(f"step {step}: {reason}")
-        self.step = step
-        self.reason = reason
-
-
-class UpdateAborted(Exception):
-    """A stop was requested between microbatches; the partial update was discarded."""
-
-
-class Engine(Protocol):
-    def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
-    def eval_model(self) -> nn.Module: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-    def export_weights(self, path: Path) -> None: ...
-
-
-def build_model(recipe: RecipeConfig, device: torch.device) -> Llama:
-    """The seeded initial model; built on the CPU first so every device starts from the same weights."""
-    torch.manual_seed(recipe.runtime.seed)
-    model = Llama(recipe.model, reference_attention=uses_reference_attention(recipe))
-    return model.to(device)
+from tiny_llm.runtime.engine import NonFiniteError, StepStats, UpdateAborted, build_model
+from tiny_llm.runtime.optim import build_optimizer, set_lr
 
 
 class ModelEngine:
@@ -147,12 +104,3 @@ class ModelEngine:
     def export_weights(self, path: Path) -> None:
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
-
-
-def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
-    """The ordinary engine, or the packed one for ``decentralized`` recipes."""
-    if recipe.decentralized is not None:
-        from tiny_llm.packed.engine import PackedEngine
-
-        return PackedEngine(recipe, device)
-    return ModelEngine(recipe, device)

@@ -13,7 +13,8 @@ from torch import nn
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.model import Llama, token_losses
-from tiny_llm.train.device import compute_context, synchronize
+from tiny_llm.runtime.device import compute_context, setup_runtime, synchronize
+from tiny_llm.runtime.engine import EngineFactory, build_model
 
 
 class EvaluationAborted(Exception):
@@ -102,14 +103,18 @@ def load_weights(model: Llama, path: Path) -> None:
     model.load_state_dict(load_file(str(path), device="cpu"))
 
 
-def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:
-    """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model)."""
+def evaluate_checkpoint(
+    recipe: RecipeConfig, path: Path, build_engine: EngineFactory, *, full: bool
+) -> dict[str, object]:
+    """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model).
+
+    A training state is read into the engine ``build_engine`` makes for the recipe
+    (``tiny_llm.runner.evaluate_checkpoint`` passes the one the recipe needs).
+    """
     from tiny_llm.data.cache import open_cache
     from tiny_llm.data.loader import iter_validation, validation_subset
     from tiny_llm.errors import DataError
     from tiny_llm.train.checkpoint import load_state
-    from tiny_llm.train.device import setup_runtime
-    from tiny_llm.train.engine import build_engine, build_model
 
     if not path.is_file():
         raise DataError(f"checkpoint not found: {path}")

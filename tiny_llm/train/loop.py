@@ -22,16 +22,17 @@ from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
 from tiny_llm.errors import RunStateError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
 from tiny_llm.model import count_parameters, loss_sum
-from tiny_llm.train import checkpoint, signals
-from tiny_llm.train.device import (
+from tiny_llm.runtime import signals
+from tiny_llm.runtime.device import (
     compute_context,
     dispatched_attention_kernels,
     peak_memory_bytes,
     setup_runtime,
     uses_compile,
 )
-from tiny_llm.train.engine import Engine, NonFiniteError, UpdateAborted, build_engine
-from tiny_llm.train.environment import capture_environment, device_name
+from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
+from tiny_llm.runtime.environment import capture_environment, device_name
+from tiny_llm.train import checkpoint
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line, peak_flops
 
@@ -64,8 +65,9 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, recipe: RecipeConfig, run_dir: Path, log: RunLog) -> None:
+    def __init__(self, recipe: RecipeConfig, run_dir: Path, log: RunLog, build_engine: EngineFactory) -> None:
         self.recipe = recipe
+        self.build_engine = build_engine
         self.run_dir = run_dir
         self.log = log
         self.session_start = time.perf_counter()  # reset where the validation subset is prepared
@@ -92,7 +94,7 @@ class Trainer:
         state = checkpoint.load_state(resume_path) if resume_path else None
         if state is not None:
             self._check_compatible(state, resume_path)
-        self.engine = build_engine(self.recipe, self.device)
+        self.engine = self.build_engine(self.recipe, self.device)
         self.loader = TrainLoader(
             self.cache,
             context_length=self.recipe.model.context_length,
@@ -418,14 +420,17 @@ def already_complete(run_dir: Path, identity: str) -> bool:
     return status.get("status") == "complete" and result.get("recipe_identity") == identity
 
 
-def run_training(recipe: RecipeConfig, resume: str | None = None, quiet: bool = False) -> int:
-    """Train ``recipe`` into runtime.output_dir; see the module doc for exit codes."""
+def run_training(
+    recipe: RecipeConfig, build_engine: EngineFactory, resume: str | None = None, quiet: bool = False
+) -> int:
+    """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
+    exit codes. ``tiny_llm.runner.run_training`` passes the engine the recipe needs."""
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
     with exclusive_lock(run_dir / ".lock", f"run directory {run_dir}"), signals.stop_on_signals():
         resume_path = resolve_resume(run_dir, resume, log)
-        trainer = Trainer(recipe, run_dir, log)
+        trainer = Trainer(recipe, run_dir, log, build_engine)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE

@@ -27,7 +27,7 @@ from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.model import loss_sum
 from tiny_llm.packed.engine import PackedEngine, split_workers
 from tiny_llm.packed.mixing import mix_tensor_lists_
-from tiny_llm.train.device import (
+from tiny_llm.runtime.device import (
     compute_context,
     peak_memory_bytes,
     setup_runtime,
@@ -35,9 +35,9 @@ from tiny_llm.train.device import (
     uses_compile,
     uses_fused_optimizer,
 )
-from tiny_llm.train.engine import build_model
-from tiny_llm.train.environment import capture_environment
-from tiny_llm.train.optim import build_optimizer, set_lr
+from tiny_llm.runtime.engine import build_model
+from tiny_llm.runtime.environment import capture_environment
+from tiny_llm.runtime.optim import build_optimizer, set_lr
 
 EXECUTIONS = ("packed", "sequential")
 COMPONENTS = ("compute", "clipping", "mixing", "optimizer")

@@ -1,0 +1,36 @@
+"""Run a recipe: the engine it needs, its training run, the evaluation of its checkpoints.
+
+The ordinary engine (``train/``) and the packed one (``packed/``) stand side by side on
+the runtime's engine contract, and the training loop and checkpoint evaluation drive
+any ``Engine``. This module sits above both engines and is the one place that knows
+which engine a recipe gets; the CLI, the benchmark worker and the tests use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tiny_llm.config import RecipeConfig
+from tiny_llm.packed.engine import PackedEngine
+from tiny_llm.runtime.engine import Engine
+from tiny_llm.train import evaluate, loop
+from tiny_llm.train.engine import ModelEngine
+
+
+def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
+    """The ordinary engine, or the packed one for ``decentralized`` recipes."""
+    if recipe.decentralized is not None:
+        return PackedEngine(recipe, device)
+    return ModelEngine(recipe, device)
+
+
+def run_training(recipe: RecipeConfig, resume: str | None = None, quiet: bool = False) -> int:
+    """Train ``recipe`` into runtime.output_dir (exit codes: ``tiny_llm.train.loop``)."""
+    return loop.run_training(recipe, build_engine, resume=resume, quiet=quiet)
+
+
+def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:
+    """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model)."""
+    return evaluate.evaluate_checkpoint(recipe, path, build_engine, full=full)
