@@ -15,7 +15,7 @@ from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError, DataError
 from tiny_llm.runner import build_engine
 from tiny_llm.runtime.device import setup_runtime
-from tiny_llm.runtime.mfu import Peak, gpu_peak, mfu
+from tiny_llm.runtime.mfu import PEAK_FLOPS_ENV, Peak, gpu_peak, mfu, peak_flops
 
 SPEC_KEYS = {
     "status",
@@ -128,6 +128,15 @@ def test_mfu_table_and_formula():
     assert gpu_peak("Tesla T4") is None
     assert mfu(6e6, 1000.0, Peak(12e9, "x")) == pytest.approx(0.5)
     assert mfu(6e6, 1000.0, None) is None
+
+
+def test_training_loop_peak_is_the_same_table_unless_overridden(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(PEAK_FLOPS_ENV, raising=False)
+    assert peak_flops("NVIDIA H100 PCIe") == gpu_peak("NVIDIA H100 PCIe").flops_per_second
+    assert peak_flops("NVIDIA L40S") == pytest.approx(362e12)
+    assert peak_flops("Intel(R) Xeon(R) CPU") is None
+    monkeypatch.setenv(PEAK_FLOPS_ENV, "1e12")
+    assert peak_flops("NVIDIA H100 PCIe") == 1e12
 
 
 def test_real_data_mode_reads_the_cache_prefix(tiny_cache: Path, tiny_recipe_args):

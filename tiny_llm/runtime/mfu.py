@@ -1,12 +1,14 @@
 """Model FLOPs utilisation: model FLOPs per token x tokens/s / device peak.
 
-GPU peaks are the vendors' dense BF16 tensor-core figures (no sparsity). On a
-CPU there is no trustworthy table, so the peak is measured: the best of a few
-timed square matmuls in the dtype the training uses.
+GPU peaks are the vendors' dense BF16 tensor-core figures (no sparsity): one table,
+used by the training loop's train rows and by the benchmark worker. On a CPU there
+is no trustworthy table, so the worker measures the peak: the best of a few timed
+square matmuls in the dtype the training uses.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -21,7 +23,10 @@ GPU_BF16_DENSE_PEAKS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756.0e12),
     ("H100", 989.4e12),
     ("A100", 312.0e12),
+    ("L40S", 362.0e12),
 )
+PEAK_FLOPS_ENV = "TINY_LLM_PEAK_FLOPS"
+"""Overrides the table for the training loop's MFU (FLOP/s)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,15 @@ def gpu_peak(device_name: str) -> Peak | None:
         if key.lower() in device_name.lower():
             return Peak(flops, f"table:{key} bf16 dense")
     return None
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The training loop's MFU peak: $TINY_LLM_PEAK_FLOPS, else the table's figure, else None."""
+    override = os.environ.get(PEAK_FLOPS_ENV)
+    if override:
+        return float(override)
+    peak = gpu_peak(device_name)
+    return peak.flops_per_second if peak else None
 
 
 def measure_cpu_matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> Peak:

@@ -32,9 +32,10 @@ from tiny_llm.runtime.device import (
 )
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
+from tiny_llm.runtime.mfu import peak_flops
 from tiny_llm.train import checkpoint
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
-from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line, peak_flops
+from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 

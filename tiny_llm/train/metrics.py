@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -13,19 +12,6 @@ from typing import Any
 from tiny_llm.io import append_jsonl, atomic_write_text
 
 RESUMABLE_EVENTS = ("train", "validation")
-
-# Dense BF16 tensor-core peaks (FLOP/s) by GPU name fragment, for MFU; TINY_LLM_PEAK_FLOPS overrides.
-KNOWN_PEAK_FLOPS = {"GH200": 989e12, "H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
-def peak_flops(device_name: str) -> float | None:
-    override = os.environ.get("TINY_LLM_PEAK_FLOPS")
-    if override:
-        return float(override)
-    for fragment, flops in KNOWN_PEAK_FLOPS.items():
-        if fragment in device_name:
-            return flops
-    return None
 
 
 class MetricsLog:
