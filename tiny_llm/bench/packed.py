@@ -28,6 +28,7 @@ from tiny_llm.model import loss_sum
 from tiny_llm.packed.engine import PackedEngine, split_workers
 from tiny_llm.packed.mixing import mix_tensor_lists_
 from tiny_llm.runtime.device import (
+    compile_loss,
     compute_context,
     peak_memory_bytes,
     setup_runtime,
@@ -92,10 +93,8 @@ class SequentialRunner:
         fused = uses_fused_optimizer(recipe, device)
         self.optimizers = [build_optimizer(m, recipe.optimizer, fused=fused) for m in self.models]
         self.params = [list(m.parameters()) for m in self.models]
-        self.loss_fn: Callable[..., torch.Tensor] = loss_sum
-        if uses_compile(recipe):  # one compiled graph serves every model (parameters are graph inputs)
-            mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
-            self.loss_fn = torch.compile(loss_sum, mode=mode)
+        # One compiled graph serves every model (parameters are graph inputs).
+        self.loss_fn: Callable[..., torch.Tensor] = compile_loss(loss_sum, recipe)
 
     def compute(self, blocks: torch.Tensor) -> torch.Tensor:
         workers = split_workers(blocks, self.num_models)

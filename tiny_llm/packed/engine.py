@@ -7,22 +7,20 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from tiny_llm.budget import lr_at, make_budget
 from tiny_llm.config import RecipeConfig
-from tiny_llm.io import atomic_write_bytes
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
 from tiny_llm.packed.model import PackedLlama, local_losses
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_, clip_rows_, needs_clipping, worker_norms
 from tiny_llm.runtime.device import (
+    compile_loss,
     compute_context,
-    uses_compile,
     uses_fused_optimizer,
     uses_reference_attention,
 )
-from tiny_llm.runtime.engine import NonFiniteError, StepStats, build_model
+from tiny_llm.runtime.engine import NonFiniteError, StepStats, build_model, write_safetensors
 
 # Parameter views into an arena are strided; autograd warns about it but accumulates in place correctly.
 _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -84,10 +82,7 @@ class PackedEngine:
         self.consensus = build_consensus(recipe)
         self._scratch = torch.empty_like(self.model.arena)
         self.micro_batch_size = recipe.training.micro_batch_size
-        self._compiled_loss = self._loss
-        if uses_compile(recipe):
-            mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
-            self._compiled_loss = torch.compile(self._loss, mode=mode)
+        self._compiled_loss = compile_loss(self._loss, recipe)
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return local_losses(self.model, inputs, targets)
@@ -183,12 +178,7 @@ class PackedEngine:
     def export_weights(self, path: Path) -> None:
         """Averaged weights at ``path``; worker i's weights at ``<dir>/node-iii/<name>``."""
         path = Path(path)
-        _write_safetensors(path, dict(self.eval_model().state_dict()))
+        write_safetensors(path, self.eval_model().state_dict())
         for worker in range(self.num_models):
             target = path.parent / f"node-{worker:03d}" / path.name
-            _write_safetensors(target, self.model.worker_state_dict(worker))
-
-
-def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
+            write_safetensors(target, self.model.worker_state_dict(worker))

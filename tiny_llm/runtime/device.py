@@ -1,4 +1,4 @@
-"""Device selection, threads, determinism, precision, SDPA kernel choice.
+"""Device selection, threads, determinism, precision, SDPA kernel choice, compile set-up.
 
 Shared by training, evaluation and the benchmark workers so a benchmark
 measures exactly what training runs.
@@ -10,7 +10,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -139,6 +139,14 @@ def uses_reference_attention(recipe: RecipeConfig) -> bool:
 
 def uses_compile(recipe: RecipeConfig) -> bool:
     return recipe.runtime.compile and not recipe.runtime.deterministic
+
+
+def compile_loss(fn: Callable[..., torch.Tensor], recipe: RecipeConfig) -> Callable[..., torch.Tensor]:
+    """``fn`` under torch.compile with the recipe's compile_mode, or ``fn`` itself when not compiling."""
+    if not uses_compile(recipe):
+        return fn
+    mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
+    return torch.compile(fn, mode=mode)
 
 
 def uses_fused_optimizer(recipe: RecipeConfig, device: torch.device) -> bool:

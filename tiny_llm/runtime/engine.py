@@ -8,15 +8,17 @@ gets is decided by ``tiny_llm.runner.build_engine``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from tiny_llm.config import RecipeConfig
+from tiny_llm.io import atomic_write_bytes
 from tiny_llm.model import Llama
 from tiny_llm.runtime.device import uses_reference_attention
 
@@ -63,3 +65,9 @@ def build_model(recipe: RecipeConfig, device: torch.device) -> Llama:
     torch.manual_seed(recipe.runtime.seed)
     model = Llama(recipe.model, reference_attention=uses_reference_attention(recipe))
     return model.to(device)
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Weights as a .safetensors file (host copies, contiguous), written atomically."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))

@@ -10,21 +10,20 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as safetensors_bytes
 from torch import nn
 from torch.profiler import record_function
 
 from tiny_llm.config import RecipeConfig
-from tiny_llm.io import atomic_write_bytes
 from tiny_llm.model import loss_sum
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
+    compile_loss,
     compute_context,
     sdpa_context,
     uses_compile,
     uses_fused_optimizer,
 )
-from tiny_llm.runtime.engine import NonFiniteError, StepStats, UpdateAborted, build_model
+from tiny_llm.runtime.engine import NonFiniteError, StepStats, UpdateAborted, build_model, write_safetensors
 from tiny_llm.runtime.optim import build_optimizer, set_lr
 
 
@@ -42,10 +41,7 @@ class ModelEngine:
             self.model, recipe.optimizer, fused=uses_fused_optimizer(recipe, device)
         )
         self.compiled = uses_compile(recipe)
-        self._compiled_loss = self._loss
-        if self.compiled:
-            mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
-            self._compiled_loss = torch.compile(self._loss, mode=mode)
+        self._compiled_loss = compile_loss(self._loss, recipe)
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # A forced SDPA kernel is entered inside the compiled region: compiled graphs ignore an outer one.
@@ -102,5 +98,4 @@ class ModelEngine:
         self.optimizer.load_state_dict(state["optimizer"])
 
     def export_weights(self, path: Path) -> None:
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        atomic_write_bytes(path, safetensors_bytes(tensors, metadata={"format": "pt"}))
+        write_safetensors(path, self.model.state_dict())
