@@ -494,15 +494,6 @@ def dump_recipe(recipe: RecipeConfig) -> str:
     return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
 
 
-def replace_in(recipe: RecipeConfig, **dotted: Any) -> RecipeConfig:
-    """Copy with ``section__field=value`` replacements, re-validated."""
-    data = recipe_to_dict(recipe)
-    for key, value in dotted.items():
-        section, name = key.split("__", 1)
-        data[section][name] = value
-    return recipe_from_dict(data)
-
-
 def _identity_view(obj: Any, cls: type | None, prefix: str) -> Any:
     if not dataclasses.is_dataclass(obj):
         return obj

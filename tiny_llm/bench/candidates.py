@@ -41,7 +41,6 @@ TUNED_KEYS: tuple[str, ...] = (
 )
 
 SpaceKind = Literal["gpu", "cpu"]
-STATUSES = ("ok", "memory_limit", "failed", "timeout", "skipped_budget", "skipped")
 
 
 @dataclass(frozen=True)

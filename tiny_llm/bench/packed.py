@@ -40,7 +40,6 @@ from tiny_llm.runtime.engine import build_model
 from tiny_llm.runtime.environment import capture_environment
 from tiny_llm.runtime.optim import build_optimizer, set_lr
 
-EXECUTIONS = ("packed", "sequential")
 COMPONENTS = ("compute", "clipping", "mixing", "optimizer")
 BENCH_LR = 1e-4  # small and constant: timing does not depend on it, and weights stay finite
 

@@ -14,10 +14,6 @@ def stop_requested() -> bool:
     return bool(_stop)
 
 
-def stop_signal() -> int | None:
-    return _stop[0] if _stop else None
-
-
 def request_stop(signum: int = signal.SIGTERM) -> None:
     if not _stop:
         _stop.append(signum)
