@@ -1,0 +1,264 @@
+"""The workflow plan (tiny_llm.pipeline): config -> recipes, files, resources, targets; no Snakemake."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from tiny_llm.config import load_recipe, recipe_from_dict
+from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline import PREPARE_RECIPE, build_plan, load_schema, write_plan_file
+from tiny_llm.pipeline.recipes import flatten, set_value
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = load_schema(REPO / "schemas/workflow_config.schema.yaml")
+
+
+def shipped(name: str) -> dict:
+    return yaml.safe_load((REPO / name).read_text(encoding="utf-8"))
+
+
+def plan_of(config: dict, check_files: bool = False):
+    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, check_files=check_files)
+
+
+def tiny(**extra) -> dict:
+    config = {
+        "sizes": {"tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}},
+        "runs": {"a": {"size": "tiny"}},
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])
+def test_schema_defaults_equal_snakemakes(name: str) -> None:
+    from snakemake.utils import validate
+
+    ours, theirs = shipped(name), shipped(name)
+    plan_of(ours)  # validates a copy; fill the original the same way
+    from tiny_llm.pipeline.schema import validate_config
+
+    validate_config(ours, SCHEMA, name)
+    validate(theirs, str(REPO / "schemas/workflow_config.schema.yaml"))
+    assert ours == theirs
+
+
+def test_every_schema_problem_is_one_line_naming_the_key() -> None:
+    config = tiny()
+    config["runz"] = config.pop("runs")
+    config["sizes"]["tiny"]["threads"] = "four"
+    with pytest.raises(ConfigError) as err:
+        plan_of(config)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid workflow config (test.yaml):"
+    assert "  (top level): unknown key 'runz' (did you mean 'runs'?)" in lines
+    assert "  sizes.tiny.threads: 'four' is not of type 'integer'" in lines
+
+
+def test_run_recipe_file_is_the_cli_merge_of_preset_and_overrides() -> None:
+    """recipe.yaml equals `--config PRESET --set ...` of every recipe_defaults, size, run and data key."""
+    config = shipped("workflow_config.yaml")
+    plan = plan_of(config)
+    filled = plan.config
+    overrides = {"optimizer": {"lr_schedule": "wsd", "decay_fraction": 0.2}}
+    merged = copy.deepcopy(filled["recipe_defaults"])
+    merged.update(overrides)
+    sets = [f"{key}={set_value(value)}" for key, value in flatten(merged)]
+    data = plan.book.data_overrides()
+    sets += [f"{key}={set_value(value)}" for key, value in flatten(data)]
+    sets.append("runtime.output_dir=results/runs/demo-s-wsd")
+    expected = load_recipe(["demo-s"], sets)
+    written = plan.files.content("results/runs/demo-s-wsd/recipe.yaml")
+    assert recipe_from_dict(written) == expected
+    assert (
+        written["data"]["dataset"] == "results/data/corpus"
+        and written["data"]["tokenizer"] == "results/data/tokenizer"
+    )
+
+
+def test_recipe_files_round_trip_through_yaml(tmp_path: Path) -> None:
+    plan = plan_of(shipped("config/cluster.yaml"))
+    path = tmp_path / "recipe.yaml"
+    content = plan.files.content("results/packed/packed4-20m-awc/recipe.yaml")
+    write_plan_file(path, content)
+    assert load_recipe([str(path)]) == recipe_from_dict(content)
+    assert yaml.safe_load(path.read_text()) == content
+
+
+def test_cache_recipe_covers_the_largest_budget_of_any_job() -> None:
+    plan = plan_of(shipped("config/cluster.yaml"))
+    cache = plan.files.content(PREPARE_RECIPE)
+    assert cache["data"]["dataset"] == "allenai/c4"
+    assert cache["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
+    assert cache["data"]["prepare_train_tokens"] == max(plan._cache_needs)
+    # the 90m campaign runs need the most: more than the 20m plain run
+    from tiny_llm.budget import make_budget
+
+    assert (
+        cache["data"]["prepare_train_tokens"]
+        > make_budget(plan.run_recipes["20m-reference"]).cache_tokens_needed
+    )
+
+
+def test_digest_changes_with_content_only() -> None:
+    first, again = plan_of(tiny()), plan_of(tiny())
+    path = "results/runs/a/recipe.yaml"
+    assert first.files.digest(path) == again.files.digest(path)
+    changed = plan_of(tiny(runs={"a": {"size": "tiny", "overrides": {"optimizer": {"lr": 0.002}}}}))
+    assert changed.files.digest(path) != first.files.digest(path)
+    assert first.files.digest_of([path, "results/data/cache"]) == first.files.digest(path)
+
+
+def test_plan_files_pattern_matches_exactly_the_plan_files() -> None:
+    import re
+
+    plan = plan_of(shipped("workflow_config.yaml"))
+    pattern = re.compile(f"^(?:{plan.files.pattern()})$")
+    for path in ("results/runs/demo-s/recipe.yaml", "results/campaign/settings.json", PREPARE_RECIPE):
+        assert pattern.match(path), path
+    for path in (
+        "results/runs/demo-s/result.json",
+        "results/campaign/stage1/x/recipe.yaml",
+        "results/runsXdemo",
+    ):
+        assert not pattern.match(path), path
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"runs": {"r": {"size": "huge"}}}, "runs.r.size: unknown size 'huge'; sizes: tiny"),
+        (
+            {"campaign": {"stages": [{"size": "huge", "lr": [0.001]}]}},
+            "campaign.stages[0].size: unknown size 'huge'; sizes: tiny",
+        ),
+        (
+            {"tuning": {"profiles": {"p": {"size": "huge"}}}},
+            "tuning.profiles.p.size: unknown size 'huge'; sizes: tiny",
+        ),
+        (
+            {"packed": {"runs": {"p": {"size": "huge", "preset": "packed4-tiny"}}}},
+            "packed.runs.p.size: unknown size 'huge'; sizes: tiny",
+        ),
+        (
+            {"packed": {"runs": {"p": {"size": "tiny", "preset": "tiny"}}}},
+            "packed.runs.p.preset: 'tiny' is not a packed recipe (no decentralized section)",
+        ),
+        (
+            {"tuning": {"default_profiles": ["gh200"]}},
+            "tuning.default_profiles: tuning profile 'gh200' is not defined here (profiles: none)",
+        ),
+        (
+            {
+                "packed": {
+                    "benchmark": {"size": "tiny", "preset": "packed4-tiny", "global_batch_tokens": 1000}
+                }
+            },
+            "packed.benchmark.global_batch_tokens: 1000 is not num_models x micro x context",
+        ),
+    ],
+)
+def test_bad_stage_settings_name_the_key(extra: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        plan_of(tiny(**extra))
+    assert message in str(err.value)
+
+
+def test_resources_come_from_the_size_or_the_section() -> None:
+    plan = plan_of(shipped("config/cluster.yaml"))
+    run = plan.job_resources("runs", SimpleNamespace(run="20m-reference"))
+    assert (run.threads, run.mem_mb, run.runtime_minutes, run.gpu) == (8, 64000, 60, 1)
+    campaign = plan.job_resources("campaign", SimpleNamespace(run="90m-parent0"))
+    assert (campaign.runtime_minutes, campaign.gpu) == (180, 1)
+    tuning = plan.job_resources("tuning", SimpleNamespace(profile="gh200"))
+    assert tuning.runtime_minutes == 600 // 60 + 10
+    functions = plan.resources("runs")
+    assert functions["runtime"](SimpleNamespace(run="20m-reference"), 2) == 120
+    assert plan.threads("bench")(SimpleNamespace()) == 8
+    demo = plan_of(shipped("workflow_config.yaml"))
+    assert demo.job_resources("runs", SimpleNamespace(run="demo-s")).gpu == 0  # device cpu in the demo sizes
+
+
+def test_targets_per_stage_and_disabled_stages_leave_the_default_target() -> None:
+    config = shipped("workflow_config.yaml")
+    plan = plan_of(config)
+    assert plan.targets("data") == ["results/data/cache"]
+    assert "results/report/runs/learning-curves.png" in plan.targets("runs")
+    assert plan.targets("tuning") == ["results/cpu-tuning/selected.yaml"]
+    assert "results/campaign/stage3/ranking.json" in plan.targets("campaign")
+    assert plan.targets("packed")[-1] == "results/packed-benchmarks/summary.json"
+    config["campaign"]["enabled"] = False
+    config["packed"]["default_target"] = False
+    quiet = plan_of(config)
+    assert quiet.default_targets("campaign") == [] and quiet.targets("campaign") == plan.targets("campaign")
+    assert quiet.default_targets("packed") == [] and quiet.default_targets("runs") == plan.targets("runs")
+
+
+def test_campaign_runs_threads_and_stages() -> None:
+    plan = plan_of(shipped("config/cluster.yaml"))
+    campaign = plan.campaign
+    assert campaign is not None and campaign.stage_names == ["stage1", "stage2", "stage3"]
+    assert campaign.previous("stage3") == "stage2" and campaign.stage_number("stage2") == 2
+    assert campaign.recipes("stage2")[0] == "results/campaign/stage2/50m-parent0-beta2-0.95/recipe.yaml"
+    assert campaign.thread_flags("20m-lr0.001-wd0.1", 8) == ""  # tuned: keeps the tuning's threads
+    settings = plan.files.content("results/campaign/settings.json")
+    assert settings["tuning"]["20m"] == "results/gh200-tuning/selected.yaml"
+    with pytest.raises(ConfigError, match="not a run of the campaign"):
+        campaign.size("nope")
+    demo = plan_of(shipped("workflow_config.yaml")).campaign
+    assert demo is not None and demo.thread_flags("demo-l-parent0", 1) == "--set runtime.cpu_threads=1"
+
+
+def test_tuning_profile_file_and_slots() -> None:
+    plan = plan_of(shipped("config/cluster.yaml"))
+    profile = plan.files.content("results/gh200-tuning/profile.yaml")
+    assert profile["configs"] == ["20m"] and "training.micro_batch_size=32" in profile["sets"]
+    inputs = plan.tuning.candidate_inputs("gh200", "s1-m8-compile")
+    assert (
+        inputs["plan"] == "results/gh200-tuning/plan.json" and inputs["cache"] == "results/data/c4-tinyllama"
+    )
+    assert len(inputs["earlier"]) == plan.tuning.slot_names("gh200").index("s1-m8-compile")
+    with pytest.raises(ConfigError, match="tuning profile 'nope' is not defined"):
+        plan.tuning.candidates("nope")
+
+
+def test_campaign_estimate_reads_the_workflow_config(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tiny_llm",
+            "campaign",
+            "estimate",
+            "--workflow-config",
+            "config/cluster.yaml",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    estimate = json.loads(proc.stdout)
+    assert [s["runs"] for s in estimate["stages"]] == [6, 4, 2]
+    assert estimate["stages"][0]["tokens_per_second"] == 1636281
+
+
+def test_pipeline_imports_neither_torch_nor_snakemake() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['snakemake'] = None\n"
+        "import yaml\n"
+        "from tiny_llm.pipeline import build_plan, load_schema\n"
+        "schema = load_schema('schemas/workflow_config.schema.yaml')\n"
+        "build_plan(yaml.safe_load(open('config/cluster.yaml')), schema, check_files=False)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,56 @@
+"""Files whose content the plan decides (recipes, tuning profiles, campaign settings), and their digests.
+
+A rule writes each one; the jobs that read it take it as an ``ancient`` input and its digest as a param, so a
+rewrite with the same content never reruns them and a change of content always does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.io import atomic_write_json, atomic_write_yaml, canonical_json
+
+
+def content_digest(content: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(dict(content)).encode()).hexdigest()[:16]
+
+
+class PlanFiles:
+    def __init__(self) -> None:
+        self._content: dict[str, dict[str, Any]] = {}
+
+    def add(self, path: str, content: Mapping[str, Any]) -> str:
+        self._content[path] = dict(content)
+        return path
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._content
+
+    def content(self, path: str) -> dict[str, Any]:
+        return self._content[path]
+
+    def digest(self, path: str) -> str:
+        return content_digest(self._content[path])
+
+    def digest_of(self, paths: list[str]) -> str:
+        """The digests of those ``paths`` that are plan files (a job's param: changes when they do)."""
+        return " ".join(self.digest(path) for path in paths if path in self._content)
+
+    def pattern(self) -> str:
+        """A wildcard constraint matching exactly these paths (and nothing when there are none)."""
+        return "|".join(re.escape(path) for path in sorted(self._content)) or "(?!)"
+
+
+def write_plan_file(path: str | Path, content: Mapping[str, Any], log: str | Path | None = None) -> None:
+    """Write atomically as JSON or YAML, by the file's suffix; ``log`` gets one line saying so."""
+    if str(path).endswith(".json"):
+        atomic_write_json(path, content)
+    else:
+        atomic_write_yaml(path, content)
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        Path(log).write_text(f"wrote {path} (content {content_digest(content)})\n", encoding="utf-8")

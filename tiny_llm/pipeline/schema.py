@@ -1,0 +1,71 @@
+"""Workflow-config validation against its JSON schema: one line per problem, then the schema's defaults."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from tiny_llm.errors import ConfigError
+
+
+def load_schema(schema_file: str | Path) -> dict[str, Any]:
+    text = Path(schema_file).read_text(encoding="utf-8")
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def validate_config(config: dict[str, Any], schema: dict[str, Any], sources: str) -> None:
+    """Reject unknown keys and wrong types (every problem, one line each), then fill the defaults in place."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = "\n  ".join(schema_problem(error) for error in errors)
+        raise ConfigError(f"invalid workflow config ({sources or 'the workflow config'}):\n  {lines}")
+    fill_defaults(config, schema)
+
+
+def schema_problem(error: jsonschema.ValidationError) -> str:
+    """One line naming the key; an unknown key gets the closest valid name."""
+    where = ".".join(map(str, error.absolute_path)) or "(top level)"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        hints = []
+        for key in (key for key in error.instance if key not in allowed):
+            match = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{match[0]}'?" if match else f"allowed: {', '.join(allowed)}"
+            hints.append(f"{where}: unknown key '{key}' ({hint})")
+        return "; ".join(hints)
+    return f"{where}: {error.message}"
+
+
+def fill_defaults(instance: Any, schema: dict[str, Any]) -> None:
+    """Set every missing property that has a schema default, recursing into objects and arrays."""
+    if isinstance(instance, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in instance and "default" in sub:
+                instance[key] = copy.deepcopy(sub["default"])
+            if key in instance:
+                fill_defaults(instance[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, value in instance.items():
+                if key not in (schema.get("properties") or {}):
+                    fill_defaults(value, extra)
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for item in instance:
+            fill_defaults(item, schema["items"])
+
+
+SCHEMA_PATH = Path("schemas") / "workflow_config.schema.yaml"
+
+
+def find_schema(config_file: Path) -> Path:
+    """The workflow's schema: in the working directory or in a folder above the config file."""
+    for folder in (Path.cwd(), *config_file.resolve().parents):
+        if (folder / SCHEMA_PATH).is_file():
+            return folder / SCHEMA_PATH
+    raise ConfigError(f"{SCHEMA_PATH} not found here or above {config_file}; run from the workflow directory")

@@ -1,0 +1,86 @@
+"""The throughput tuner's part of the plan: profiles, their slot order and the files of each profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tiny_llm.bench.candidates import profile_from_dict, slot_names
+from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.layout import tuning_dir, tuning_selected
+from tiny_llm.pipeline.recipes import RecipeBook, flatten, set_value
+
+# Workflow-only keys of a profile (the rest are tiny_llm.bench.candidates.TuningProfile fields).
+WORKFLOW_KEYS = ("size", "overrides")
+
+
+class TuningPlan:
+    def __init__(self, book: RecipeBook, section: dict[str, Any], files: PlanFiles) -> None:
+        self.profiles: dict[str, dict[str, Any]] = section["profiles"]
+        self.default_profiles: list[str] = list(section["default_profiles"])
+        self.book = book
+        self.slots: dict[str, list[str]] = {}
+        for name in self.default_profiles:
+            self.check_profile(name, "tuning.default_profiles")
+        for name in self.profiles:
+            mapping = self.profile_mapping(name)
+            try:
+                self.slots[name] = slot_names(profile_from_dict(name, mapping))
+            except ConfigError as exc:
+                raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
+            files.add(self.profile_file(name), mapping)
+
+    def check_profile(self, name: str, where: str) -> None:
+        if name not in self.profiles:
+            defined = ", ".join(self.profiles) or "none"
+            raise ConfigError(f"{where}: tuning profile '{name}' is not defined here (profiles: {defined})")
+
+    def profile_mapping(self, name: str) -> dict[str, Any]:
+        """The profile as `tune plan --profile` takes it: the size's preset and overrides as configs/sets."""
+        spec = self.profiles[name]
+        size = spec["size"]
+        self.book.check_size(size, f"tuning.profiles.{name}.size")
+        overrides = self.book.overrides(size, spec["overrides"])
+        sets = [f"{key}={set_value(value)}" for key, value in flatten(overrides)]
+        rest = {key: value for key, value in spec.items() if key not in WORKFLOW_KEYS}
+        return {**rest, "configs": [self.book.sizes[size]["preset"]], "sets": sets}
+
+    # ------------------------------------------------------------------ paths
+
+    def profile_file(self, name: str) -> str:
+        return f"{tuning_dir(name)}/profile.yaml"
+
+    def slot_names(self, name: str) -> list[str]:
+        self.check_profile(name, f"{tuning_selected(name)}")
+        return self.slots[name]
+
+    def candidate(self, name: str, slot: str) -> str:
+        return f"{tuning_dir(name)}/candidates/{slot}.json"
+
+    def candidate_inputs(self, name: str, slot: str) -> dict[str, Any]:
+        """The plan, every earlier slot's result (for ranks and budget) and, for real data, the cache."""
+        slots = self.slot_names(name)
+        if slot not in slots:
+            raise ConfigError(f"tuning slot '{slot}' is not in profile {name}: {', '.join(slots)}")
+        earlier = slots[: slots.index(slot)]
+        inputs: dict[str, Any] = {
+            "plan": f"{tuning_dir(name)}/plan.json",
+            "earlier": [self.candidate(name, s) for s in earlier],
+        }
+        if self.profiles[name]["data_mode"] == "real":
+            inputs["cache"] = self.book.config["data"]["cache_dir"]
+        return inputs
+
+    def candidates(self, name: str) -> list[str]:
+        return [self.candidate(name, slot) for slot in self.slot_names(name)]
+
+    def targets(self) -> list[str]:
+        return [tuning_selected(name) for name in self.default_profiles]
+
+    def size(self, name: str) -> str:
+        self.check_profile(name, tuning_selected(name))
+        return self.profiles[name]["size"]
+
+    def candidate_runtime_minutes(self, name: str) -> int:
+        """The candidate timeout plus start-up and compilation slack."""
+        return int(self.profiles[name]["candidate_timeout_seconds"] // 60) + 10
