@@ -2,7 +2,8 @@
 
 - ``plan``: validate the settings, build each size's template recipe, check (or record) the campaign
   identity, write campaign.json (with the GPU-hour estimate) and the stage-1 recipes.
-- ``select --stage N``: rank stage N-1 by final validation loss and write stage N's recipes.
+- ``select --stage N``: rank stage N-1 by final validation loss and write stage N's recipes
+  (``--run ID``: only that run's recipe, as the workflow does, one job per run).
 - ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
 - ``diverged --run-dir D --exit-code N``: after a failed training job, record a run that stopped on a
   non-finite loss as a diverged result (ranked last) and exit 0; any other failure exits N.
@@ -37,6 +38,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="read the campaign from a workflow config (estimate only), e.g. config/cluster.yaml",
     )
     parser.add_argument("--stage", type=int, help="1-based stage number (select: the stage to create)")
+    parser.add_argument("--run", help="select: write only this run's recipe (default: the whole stage)")
     parser.add_argument("--run-dir", help="diverged: the run directory of the failed job")
     parser.add_argument("--exit-code", type=int, default=1, help="diverged: the training job's exit code")
 
@@ -74,10 +76,17 @@ def _stage_index(config: campaign.CampaignConfig, stage: int | None, first: int)
     return stage - 1
 
 
-def select(config: campaign.CampaignConfig, stage: int | None) -> None:
+def select(config: campaign.CampaignConfig, stage: int | None, run: str | None) -> None:
     index = _stage_index(config, stage, 2)
     ranked, recipes = campaign.select_children(config, index)
     previous = campaign.stage_name(index - 1)
+    if run is not None:
+        if run not in recipes:
+            raise ConfigError(f"--run: '{run}' is not a run of stage {stage}: {', '.join(recipes)}")
+        atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run), recipes[run])
+        planned = {r.run_id: r for r in campaign.planned_runs(config)[campaign.stage_name(index)]}
+        print(f"{run}: parent {ranked[planned[run].parent_rank or 0].run_id} of {previous}")
+        return
     atomic_write_json(campaign.ranking_path(config, previous), campaign.ranking_rows(ranked))
     for run_id, recipe in recipes.items():
         atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe)
@@ -115,7 +124,16 @@ def _config(args: argparse.Namespace) -> campaign.CampaignConfig:
         raise ConfigError(
             "--workflow-config: only for 'estimate'; the workflow passes --settings to the others"
         )
-    return campaign.settings_from_workflow_config(read_config_source(args.workflow_config))
+    return campaign.config_from_settings(workflow_campaign_settings(args.workflow_config))
+
+
+def workflow_campaign_settings(config_file: str) -> dict[str, Any]:
+    """The campaign a workflow config defines, validated against the workflow's schema."""
+    from tiny_llm.pipeline.plan import campaign_settings_from_config
+    from tiny_llm.pipeline.schema import find_schema, load_schema
+
+    schema = load_schema(find_schema(Path(config_file)))
+    return campaign_settings_from_config(read_config_source(config_file), schema)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         print(campaign.describe_estimate(estimate), file=sys.stderr)
         print(json.dumps(estimate, indent=2))
     elif args.action == "select":
-        select(config, args.stage)
+        select(config, args.stage, args.run)
     else:
         rank(config, args.stage)
     return 0

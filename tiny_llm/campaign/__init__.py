@@ -1,0 +1,132 @@
+"""The staged recipe campaign as pure, torch-free functions.
+
+Stage 1 trains a grid of optimizer settings on the smallest size; every later
+stage trains the best ``parents`` runs of the stage before on the next size,
+each child copying its parent's whole optimizer block (optionally crossed with
+a list of beta2 values). Because children are named by their parent's *rank*
+(``50m-parent0-beta2-0.99``), every run id is known before anything trains, so
+the workflow's DAG is static; a selection step only fills in the recipes.
+
+A campaign directory holds one campaign: its identity (the settings, the
+per-size template recipes and the token cache identity) is recorded once in
+``identity.json``, and any later plan with a different identity is rejected
+instead of mixing results. Paths below the campaign directory are the
+campaign's own; where the directory and the tuning results live is the
+caller's choice.
+
+Modules: ``stages`` (settings, run ids, paths), ``templates`` (recipes),
+``ranking``, ``identity``, ``estimate`` (GPU hours) and ``steps`` (plan, rank
+and select on the campaign's files).
+"""
+
+from tiny_llm.campaign.estimate import (
+    describe_estimate,
+    gpu_hour_estimate,
+    planned_throughput,
+    tuned_throughput,
+)
+from tiny_llm.campaign.identity import (
+    CAMPAIGN_FORMAT,
+    CHANGED_MESSAGE,
+    IDENTITY_FILE,
+    CampaignChangedError,
+    campaign_identity,
+    campaign_identity_payload,
+    check_unchanged,
+    identity_record,
+)
+from tiny_llm.campaign.ranking import (
+    RunOutcome,
+    diverged_result,
+    final_loss,
+    outcome_from,
+    rank_key,
+    rank_runs,
+    ranking_rows,
+)
+from tiny_llm.campaign.stages import (
+    CampaignConfig,
+    PlannedRun,
+    StageConfig,
+    config_from_settings,
+    format_value,
+    parse_campaign,
+    planned_runs,
+    ranking_path,
+    recipe_path,
+    run_dir,
+    settings_dict,
+    stage_name,
+    stage_run_ids_of,
+    template_path,
+)
+from tiny_llm.campaign.steps import (
+    Plan,
+    cache_identity_of,
+    campaign_record,
+    estimate_only,
+    load_templates,
+    make_plan,
+    precheck,
+    rank_stage,
+    select_children,
+)
+from tiny_llm.campaign.templates import (
+    TUNED_FIELDS,
+    build_template,
+    child_recipes,
+    size_base,
+    stage1_recipes,
+    tuned_settings,
+)
+
+__all__ = [
+    "CAMPAIGN_FORMAT",
+    "CHANGED_MESSAGE",
+    "IDENTITY_FILE",
+    "TUNED_FIELDS",
+    "CampaignChangedError",
+    "CampaignConfig",
+    "Plan",
+    "PlannedRun",
+    "RunOutcome",
+    "StageConfig",
+    "build_template",
+    "cache_identity_of",
+    "campaign_identity",
+    "campaign_identity_payload",
+    "campaign_record",
+    "check_unchanged",
+    "child_recipes",
+    "config_from_settings",
+    "describe_estimate",
+    "diverged_result",
+    "estimate_only",
+    "final_loss",
+    "format_value",
+    "gpu_hour_estimate",
+    "identity_record",
+    "load_templates",
+    "make_plan",
+    "outcome_from",
+    "parse_campaign",
+    "planned_runs",
+    "planned_throughput",
+    "precheck",
+    "rank_key",
+    "rank_runs",
+    "rank_stage",
+    "ranking_path",
+    "ranking_rows",
+    "recipe_path",
+    "run_dir",
+    "select_children",
+    "settings_dict",
+    "size_base",
+    "stage1_recipes",
+    "stage_name",
+    "stage_run_ids_of",
+    "template_path",
+    "tuned_settings",
+    "tuned_throughput",
+]

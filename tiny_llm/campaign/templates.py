@@ -1,0 +1,104 @@
+"""Complete recipes: a template per size, stage-1 grid recipes and children of ranked parents."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tiny_llm.campaign.stages import CampaignConfig, planned_runs, run_dir, stage_name
+from tiny_llm.config import (
+    deep_merge,
+    identity_differences,
+    read_config_source,
+    recipe_from_dict,
+    recipe_to_dict,
+)
+from tiny_llm.errors import ConfigError, RunStateError
+
+# Execution settings a tuning result may set for a size (never numerics such as amp or the batch).
+TUNED_FIELDS = (
+    ("training", "micro_batch_size"),
+    ("runtime", "compile"),
+    ("runtime", "compile_mode"),
+    ("runtime", "sdpa_backend"),
+    ("runtime", "cpu_threads"),
+)
+
+
+def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
+    """A size entry ``{preset: NAME, overrides: {...}}`` -> merged recipe mapping."""
+    preset = entry.get("preset")
+    base = read_config_source(str(preset)) if preset else {}
+    return deep_merge(base, dict(entry.get("overrides") or {}))
+
+
+def tuned_settings(
+    tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str
+) -> dict[str, dict[str, Any]]:
+    """The execution settings a tuning result gives a size; ConfigError if it tuned another model."""
+    tuned = recipe_to_dict(recipe_from_dict(dict(tuning_recipe)))
+    if tuned["model"] != template["model"]:
+        diffs = identity_differences(template["model"], tuned["model"])
+        raise ConfigError(
+            f"campaign.tuning.{size}: {source} tuned another model shape ({'; '.join(diffs[:3])}); "
+            f"tune the size's own preset or drop it from campaign.tuning"
+        )
+    settings: dict[str, dict[str, Any]] = {}
+    for section, name in TUNED_FIELDS:
+        settings.setdefault(section, {})[name] = tuned[section][name]
+    return settings
+
+
+def build_template(
+    config: CampaignConfig, size: str, tuning_recipe: Mapping[str, Any] | None = None, source: str = ""
+) -> dict[str, Any]:
+    """The complete recipe every run of ``size`` starts from (before its optimizer values and run dir)."""
+    data = deep_merge(size_base(config.sizes[size], size), dict(config.overrides))
+    if size in config.batch_tokens:
+        data = deep_merge(data, {"training": {"batch_tokens": config.batch_tokens[size]}})
+    template = recipe_to_dict(_validated(data, f"campaign template for size '{size}'"))
+    if tuning_recipe is not None:
+        for section, values in tuned_settings(tuning_recipe, template, size, source).items():
+            template[section].update(values)
+        template = recipe_to_dict(_validated(template, f"size '{size}' with the tuning result {source}"))
+    template["runtime"]["output_dir"] = f"{config.root}/templates/{size}"
+    return template
+
+
+def _validated(data: dict[str, Any], what: str):
+    try:
+        return recipe_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def _run_recipe(template: Mapping[str, Any], optimizer: Mapping[str, Any], out_dir: str) -> dict[str, Any]:
+    recipe = deep_merge(dict(template), {"optimizer": dict(optimizer), "runtime": {"output_dir": out_dir}})
+    return recipe_to_dict(_validated(recipe, f"campaign run {out_dir}"))
+
+
+def stage1_recipes(config: CampaignConfig, template: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Run id -> complete recipe for every grid point of stage 1."""
+    runs = planned_runs(config)[stage_name(0)]
+    return {r.run_id: _run_recipe(template, r.optimizer, run_dir(config, r.stage, r.run_id)) for r in runs}
+
+
+def child_recipes(
+    config: CampaignConfig,
+    stage_index: int,
+    template: Mapping[str, Any],
+    parents: Sequence[Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Run id -> recipe for a later stage: each parent's whole optimizer block, then the stage's values.
+
+    ``parents`` are the previous stage's recipes in rank order (0 = best).
+    """
+    runs = planned_runs(config)[stage_name(stage_index)]
+    needed = config.stages[stage_index].parents
+    if len(parents) < needed:
+        raise RunStateError(f"{stage_name(stage_index)} needs {needed} parents, got {len(parents)}")
+    out = {}
+    for run in runs:
+        optimizer = {**parents[run.parent_rank]["optimizer"], **run.optimizer}
+        out[run.run_id] = _run_recipe(template, optimizer, run_dir(config, run.stage, run.run_id))
+    return out
