@@ -1,6 +1,11 @@
 # tiny-llm: corpus -> tokenizer -> token cache -> training runs, tuning, campaign, packed stages -> report.
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
+# Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
+
+from tiny_llm.errors import TinyLLMError
+from tiny_llm.pipeline import build_plan, load_schema
 
 min_version("9.0")
 
@@ -15,31 +20,60 @@ if not workflow.overwrite_configfiles:
 report: "report/workflow.rst"
 
 
+# Bump when a library change is meant to change training results: training rules carry it as a param, so a
+# bump reruns them, while ordinary code edits leave finished runs alone.
+NUMERICS_VERSION = 1
+
+try:
+    PLAN = build_plan(
+        config,
+        load_schema(f"{workflow.basedir}/schemas/workflow_config.schema.yaml"),
+        sources=", ".join(map(str, workflow.configfiles)),
+        numerics_version=NUMERICS_VERSION,
+    )
+except TinyLLMError as exc:
+    raise WorkflowError(str(exc)) from None
+
+
 include: "rules/common.smk"
-
-
-validate_workflow_config(config, "schemas/workflow_config.schema.yaml")
-
-
+include: "rules/plan_files.smk"
 include: "rules/data.smk"
-include: "rules/train.smk"
+include: "rules/runs.smk"
 include: "rules/tuning.smk"
 include: "rules/campaign.smk"
 include: "rules/packed.smk"
-include: "rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
-        default_targets(),
+        PLAN.default_targets("data"),
+        PLAN.default_targets("runs"),
+        PLAN.default_targets("tuning"),
+        PLAN.default_targets("campaign"),
+        PLAN.default_targets("packed"),
 
 
 rule data:
     input:
-        stage_targets("data"),
+        PLAN.targets("data"),
 
 
 rule runs:
     input:
-        stage_targets("runs"),
+        PLAN.targets("runs"),
+
+
+rule tuning:
+    input:
+        PLAN.targets("tuning"),
+
+
+rule campaign:
+    input:
+        PLAN.targets("campaign"),
+
+
+rule packed:
+    input:
+        PLAN.targets("packed"),

@@ -1,25 +1,23 @@
 # Recipe campaign (SPEC §6): stage 1 trains a grid on the smallest size, each later stage trains the best
 # `parents` runs of the stage before on the next size with the parent's whole optimizer block copied. Children are
 # named by their parent's rank (50m-parent0-beta2-0.99), so every file is known when the workflow is parsed: a
-# select_stageN rule ranks stage N-1 and writes stage N's recipes as ordinary outputs.
+# select_run job ranks the stage before and writes one child's recipe as an ordinary output.
 #
-# <campaign>/campaign.json       identity, settings, run ids, GPU-hour estimate (plan_campaign)
-# <campaign>/identity.json       the identity first planned here (never a declared output: it outlives reruns)
-# <campaign>/templates/<size>.yaml, recipes/<stage>/<run>.yaml   complete recipes
-# <campaign>/<stage>/<run>/      run directories (result.json declared; resumable state beside it)
-# <campaign>/<stage>/ranking.json, report/   rankings and the comparison report
+# <campaign>/settings.json      what `tiny_llm campaign` is told (written by write_plan_file)
+# <campaign>/campaign.json      identity, settings, run ids, GPU-hour estimate (plan_campaign)
+# <campaign>/identity.json      the identity first planned here (never a declared output: it outlives reruns)
+# <campaign>/templates/<size>.yaml                 complete recipe every run of a size starts from
+# <campaign>/<stage>/<run>/{recipe.yaml, result.json}  run directories (resumable state beside result.json)
+# <campaign>/<stage>/ranking.json, report/         rankings and the comparison report
 #
 # Recipes are `ancient` inputs of training: rewriting one with the same content (a replanned campaign) never
 # retrains a finished run, and a change of content is rejected by the campaign identity before anything runs.
-#
 # Planning, selection, ranking and the report are cheap local rules (on Slurm they run beside the controller);
 # only training jobs take a GPU.
 
 
-include: "campaign_common.smk"
-
-
-if CAMPAIGN:
+if PLAN.campaign:
+    CAMPAIGN_ROOT = PLAN.campaign.root
 
     rule plan_campaign:
         input:
@@ -30,10 +28,10 @@ if CAMPAIGN:
                 caption="../report/campaign-plan.rst",
                 category="Recipe campaign",
             ),
-            templates=[campaign_lib.template_path(CAMPAIGN, size) for size in CAMPAIGN.sizes],
-            recipes=campaign_recipes("stage1"),
+            templates=PLAN.campaign.templates(),
+            recipes=PLAN.campaign.recipes("stage1"),
         params:
-            settings=CAMPAIGN_SETTINGS,
+            plan_files=plan_file_digest,
         log:
             "logs/plan_campaign/campaign.log",
         localrule: True
@@ -41,22 +39,23 @@ if CAMPAIGN:
             "../envs/report.yaml"
         shell:
             # tee: the GPU-hour estimate is printed before any run starts, and kept in the log
-            "python -m tiny_llm campaign plan --settings {params.settings:q} 2>&1 | tee {log}"
+            "python -m tiny_llm campaign plan --settings {input.settings} 2>&1 | tee {log}"
 
     rule train_campaign:
         input:
-            unpack(campaign_train_inputs),
+            recipe=ancient(f"{CAMPAIGN_ROOT}/{{stage}}/{{run}}/recipe.yaml"),
+            cache=ancient(PLAN.cache_dir),
         output:
             f"{CAMPAIGN_ROOT}/{{stage}}/{{run}}/result.json",
         params:
             numerics=NUMERICS_VERSION,
             threads=campaign_thread_flags,
-            run_dir=campaign_run_dir,
+            run_dir=output_parent,
         log:
             "logs/train_campaign/{stage}/{run}.log",
-        threads: size_threads(campaign_size)
+        threads: PLAN.threads("campaign")
         resources:
-            **size_resources(campaign_size),
+            **PLAN.resources("campaign"),
         wildcard_constraints:
             stage=r"stage\d+",
         conda:
@@ -66,55 +65,53 @@ if CAMPAIGN:
             "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto > {log} 2>&1 "
             "|| python -m tiny_llm campaign diverged --run-dir {params.run_dir} --exit-code $? >> {log} 2>&1"
 
-    for _index in range(1, len(CAMPAIGN.stages)):
-        _previous, _stage = campaign_lib.stage_name(_index - 1), campaign_lib.stage_name(_index)
-
-        rule:
-            name:
-                f"select_{_stage}"
-            input:
-                results=campaign_results(_previous),
-                recipes=[ancient(path) for path in campaign_recipes(_previous)],
-                template=ancient(campaign_lib.template_path(CAMPAIGN, CAMPAIGN.stages[_index].size)),
-            output:
-                ranking=campaign_lib.ranking_path(CAMPAIGN, _previous),
-                recipes=campaign_recipes(_stage),
-            params:
-                settings=CAMPAIGN_SETTINGS,
-                stage=_index + 1,
-            log:
-                f"logs/select_stage/{_stage}.log",
-            localrule: True
-            conda:
-                "../envs/report.yaml"
-            shell:
-                "python -m tiny_llm campaign select --settings {params.settings:q} --stage {params.stage} "
-                "> {log} 2>&1"
-
-    rule rank_final_stage:
+    rule select_run:
         input:
-            results=campaign_results(campaign_lib.stage_name(len(CAMPAIGN.stages) - 1)),
+            settings=ancient(PLAN.campaign.settings_file),
+            results=campaign_parent_results,
+            recipes=campaign_parent_recipes,
+            template=campaign_template,
         output:
-            campaign_lib.ranking_path(CAMPAIGN, campaign_lib.stage_name(len(CAMPAIGN.stages) - 1)),
+            f"{CAMPAIGN_ROOT}/{{stage}}/{{run}}/recipe.yaml",
         params:
-            settings=CAMPAIGN_SETTINGS,
-            stage=len(CAMPAIGN.stages),
+            stage=campaign_stage_number,
         log:
-            "logs/rank_final_stage/campaign.log",
+            "logs/select_run/{stage}/{run}.log",
+        wildcard_constraints:
+            stage=r"stage([2-9]|[1-9][0-9]+)",
         localrule: True
         conda:
             "../envs/report.yaml"
         shell:
-            "python -m tiny_llm campaign rank --settings {params.settings:q} --stage {params.stage} > {log} 2>&1"
+            "python -m tiny_llm campaign select --settings {input.settings} --stage {params.stage} "
+            "--run {wildcards.run} > {log} 2>&1"
+
+    rule rank_stage:
+        input:
+            settings=ancient(PLAN.campaign.settings_file),
+            results=campaign_stage_results,
+        output:
+            f"{CAMPAIGN_ROOT}/{{stage}}/ranking.json",
+        params:
+            stage=campaign_stage_number,
+        log:
+            "logs/rank_stage/{stage}.log",
+        wildcard_constraints:
+            stage=r"stage\d+",
+        localrule: True
+        conda:
+            "../envs/report.yaml"
+        shell:
+            "python -m tiny_llm campaign rank --settings {input.settings} --stage {params.stage} > {log} 2>&1"
 
     rule report_campaign:
         input:
-            results=[path for stage in CAMPAIGN_RUNS for path in campaign_results(stage)],
-            rankings=campaign_rankings(),
+            results=PLAN.campaign.all_results(),
+            rankings=PLAN.campaign.rankings(),
         output:
             [
                 report(path, caption="../report/campaign-selected.rst", category="Recipe campaign")
-                for path in campaign_selected()
+                for path in PLAN.campaign.selected()
             ],
             table=report(
                 f"{CAMPAIGN_ROOT}/report/report.md",
@@ -132,9 +129,9 @@ if CAMPAIGN:
                 category="Recipe campaign",
             ),
         params:
-            runs=campaign_runs_root,
+            runs=campaign_root,
             outdir=output_parent,
-            sizes=campaign_report_flags,
+            sizes=PLAN.campaign.report_flags(),
         log:
             "logs/report_campaign/campaign.log",
         localrule: True
@@ -142,14 +139,3 @@ if CAMPAIGN:
             "../envs/report.yaml"
         shell:
             "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} {params.sizes} > {log} 2>&1"
-
-    rule campaign:
-        input:
-            rules.report_campaign.output,
-            campaign_rankings(),
-
-    register_stage(
-        "campaign",
-        list(rules.report_campaign.output) + campaign_rankings(),
-        enabled=config["campaign"]["enabled"],
-    )

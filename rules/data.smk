@@ -1,5 +1,6 @@
 # Data stage: embedded corpus -> tokenizer -> token cache ("C4 caching").
 # For the real C4 the same prepare_cache rule streams allenai/c4 with a hub tokenizer (config/cluster.yaml).
+# One cache serves every size: its recipe (results/data/prepare.yaml) asks for the largest budget of any job.
 
 
 rule build_corpus:
@@ -18,11 +19,11 @@ rule build_corpus:
 
 rule train_tokenizer:
     input:
-        corpus=corpus_dataset(),
+        corpus=PLAN.book.corpus_dataset(),
     output:
         directory(TOKENIZER_DIR),
     params:
-        vocab_size=tokenizer_vocab_size() if config["data"]["tokenizer"] == "train" else 0,
+        vocab_size=PLAN.tokenizer_vocab_size() if config["data"]["tokenizer"] == "train" else 0,
     log:
         "logs/train_tokenizer/tokenizer.log",
     conda:
@@ -36,9 +37,9 @@ rule prepare_cache:
     input:
         unpack(prepare_inputs),
     output:
-        directory(cache_dir()),
+        directory(PLAN.cache_dir),
     params:
-        recipe=prepare_args,
+        plan_files=plan_file_digest,
     log:
         "logs/prepare_cache/cache.log",
     threads: 2
@@ -48,4 +49,4 @@ rule prepare_cache:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm prepare {params.recipe} > {log} 2>&1"
+        "python -m tiny_llm prepare --config {input.recipe} > {log} 2>&1"

@@ -1,6 +1,7 @@
 # Packed decentralized training (SPEC §7): N models trained together in one process on one device.
 #
-# results/packed/<run>/result.json                 training runs of packed presets (state beside result.json)
+# results/packed/<run>/{recipe.yaml, result.json}   training runs of packed presets (state beside result.json)
+# results/packed-benchmarks/n<N>-<mode>/recipe.yaml the benchmark's recipe at N workers, compiled or eager
 # results/packed-benchmarks/<exec>-n<N>-<mode>.json one benchmark-packed-worker process per execution, N and mode
 #                                                  (exec: packed | sequential, mode: compiled | eager; a Chrome
 #                                                  trace <...>.trace.json beside it, not declared)
@@ -8,8 +9,6 @@
 # results/report/packed/{report.md, comparison.json, learning-curves.png}   table and curves of the packed runs
 #
 # A packed recipe = the size's preset <- the packed preset <- recipe_defaults, size and run overrides <- data.
-
-include: "packed_common.smk"
 
 
 wildcard_constraints:
@@ -21,46 +20,48 @@ wildcard_constraints:
 
 rule train_packed:
     input:
-        cache=cache_dir(),
+        recipe=ancient(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
+        cache=PLAN.cache_dir,
     output:
         f"{PACKED_DIR}/{{packed_run}}/result.json",
     params:
-        recipe=packed_run_args,
-        run_dir=packed_run_dir,
+        plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
     log:
         "logs/train_packed/{packed_run}.log",
-    threads: size_threads(packed_run_size)
+    threads: PLAN.threads("packed")
     resources:
-        **size_resources(packed_run_size),
+        **PLAN.resources("packed"),
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm train {params.recipe} --set runtime.output_dir={params.run_dir} "
-        "--set runtime.cpu_threads={threads} --resume auto > {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
+        "> {log} 2>&1"
 
 
 rule bench_packed:
+    input:
+        recipe=ancient(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
     output:
         f"{PACKED_BENCH_DIR}/{{execution}}-n{{n}}-{{mode}}.json",
     params:
-        recipe=bench_args,
-        protocol=bench_protocol,
+        plan_files=plan_file_digest,
+        protocol=PLAN.packed.bench_protocol() if PLAN.packed.bench else "",
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
-    threads: bench_threads  # all of them: a benchmark must not share the CPU with other jobs
+    threads: PLAN.threads("bench")  # all of them: a benchmark must not share the CPU with other jobs
     resources:
-        **bench_resources(),
+        **PLAN.resources("bench"),
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm benchmark-packed-worker {params.recipe} --set runtime.cpu_threads={threads} "
+        "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --set runtime.cpu_threads={threads} "
         "--execution {wildcards.execution} {params.protocol} --output {output} > {log} 2>&1"
 
 
 rule summarize_packed_bench:
     input:
-        bench_files(),
+        PLAN.packed.bench_files(),
     output:
         summary=f"{PACKED_BENCH_DIR}/summary.json",
         plot=report(
@@ -80,7 +81,7 @@ rule summarize_packed_bench:
 
 rule report_packed:
     input:
-        packed_run_results(),
+        PLAN.packed.results(),
     output:
         table=report(
             f"{PACKED_REPORT_DIR}/report.md",
@@ -94,7 +95,7 @@ rule report_packed:
             category="Packed training",
         ),
     params:
-        runs=packed_runs_root,
+        runs=runs_root,
         outdir=output_parent,
     log:
         "logs/report_packed/packed.log",
@@ -103,11 +104,3 @@ rule report_packed:
         "../envs/report.yaml"
     shell:
         "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
-
-
-rule packed:
-    input:
-        packed_targets(),
-
-
-register_stage("packed", packed_targets(), enabled=packed_section().get("default_target", True))

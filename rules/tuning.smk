@@ -1,12 +1,9 @@
-# Staged throughput tuner (target `tuning`): results/<profile>-tuning/{plan.json, candidates/<slot>.json,
-# selected.yaml, summary.json, progress.json, throughput.png}. Every candidate is its own job and process; slots are
-# named by stage and parent *rank* (s2-r0-flash = stage 2, flash applied to the best of the earlier stages), so the
-# DAG is static. Each slot waits for every slot before it: candidates run one at a time on the device, and the
-# time budget is the sum of the wall times of the slots before (deterministic on a rerun). progress.json is
-# rewritten by every candidate and is not a declared output.
-
-
-include: "tuning_common.smk"
+# Staged throughput tuner (target `tuning`): results/<profile>-tuning/{profile.yaml, plan.json,
+# candidates/<slot>.json, selected.yaml, summary.json, progress.json, throughput.png}. Every candidate is its own
+# job and process; slots are named by stage and parent *rank* (s2-r0-flash = stage 2, flash applied to the best
+# of the earlier stages), so the DAG is static. Each slot waits for every slot before it: candidates run one at
+# a time on the device, and the time budget is the sum of the wall times of the slots before (deterministic on
+# a rerun). progress.json is rewritten by every candidate and is not a declared output.
 
 
 wildcard_constraints:
@@ -15,17 +12,19 @@ wildcard_constraints:
 
 
 rule plan_tuning:
+    input:
+        profile=tuning_profile,
     output:
-        f"{TUNING_DIR}/plan.json",
+        "results/{profile}-tuning/plan.json",
     params:
-        profile=tuning_profile_arg,
+        plan_files=plan_file_digest,
     log:
         "logs/plan_tuning/{profile}.log",
     localrule: True
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm tune plan --name {wildcards.profile} --profile {params.profile} --output {output} "
+        "python -m tiny_llm tune plan --name {wildcards.profile} --profile @{input.profile} --output {output} "
         "> {log} 2>&1"
 
 
@@ -33,17 +32,15 @@ rule bench_candidate:
     input:
         unpack(candidate_inputs),
     output:
-        f"{TUNING_DIR}/candidates/{{slot}}.json",
+        "results/{profile}-tuning/candidates/{slot}.json",
     params:
-        results=tuning_dir,
+        results=tuning_results,
     log:
         "logs/bench_candidate/{profile}-{slot}.log",
-    threads: tuning_threads
+    threads: PLAN.threads("tuning")
     resources:
         tuning_device=1,
-        gpu=tuning_gpu,
-        mem_mb=tuning_mem_mb,
-        runtime=candidate_runtime,
+        **PLAN.resources("tuning"),
     conda:
         "../envs/torch.yaml"
     shell:
@@ -53,19 +50,19 @@ rule bench_candidate:
 
 rule select_tuning:
     input:
-        plan=f"{TUNING_DIR}/plan.json",
+        plan="results/{profile}-tuning/plan.json",
         candidates=all_candidates,
     output:
-        selected=f"{TUNING_DIR}/selected.yaml",
-        summary=f"{TUNING_DIR}/summary.json",
+        selected="results/{profile}-tuning/selected.yaml",
+        summary="results/{profile}-tuning/summary.json",
         plot=report(
-            f"{TUNING_DIR}/throughput.png",
+            "results/{profile}-tuning/throughput.png",
             caption="../report/tuning-throughput.rst",
             category="Tuning",
             subcategory="{profile}",
         ),
     params:
-        results=tuning_dir,
+        results=tuning_results,
     log:
         "logs/select_tuning/{profile}.log",
     localrule: True
@@ -74,14 +71,3 @@ rule select_tuning:
     shell:
         "python -m tiny_llm tune select --plan {input.plan} --results-dir {params.results} "
         "--plot {output.plot} > {log} 2>&1"
-
-
-rule tuning:
-    input:
-        tuning_selected(config.get("tuning", {}).get("default_profiles", [])),
-
-
-for _name in tuning_profiles():
-    tuning_slots(_name)  # fail at parse time, naming the key, on a bad profile
-
-register_stage("tuning", tuning_selected(config.get("tuning", {}).get("default_profiles", [])))

@@ -189,7 +189,7 @@ def test_resumed_run_equals_an_uninterrupted_run(campaign_run: Campaign, tmp_pat
     """Hence the interrupted campaign ranks exactly as an uninterrupted one (no other run was touched)."""
     run = next(r for r, n in campaign_run.lines_at_interrupt.items() if n)
     root = campaign_run.workdir / "results/campaign"
-    recipe = root / "recipes/stage2" / f"{run}.yaml"
+    recipe = root / "stage2" / run / "recipe.yaml"
     fresh = tmp_path / "fresh"
     cmd = [sys.executable, "-m", "tiny_llm", "train", "--config", str(recipe), "--quiet"]
     cmd += ["--set", f"runtime.output_dir={fresh}", "--set", "runtime.cpu_threads=1"]

@@ -1,0 +1,73 @@
+# Plain training runs and their report: results/runs/<run>/{recipe.yaml, result.json, evaluation.json} and
+# results/report/runs/{report.md, comparison.json, learning-curves.png}.
+# The trainer keeps its resumable state (latest.pt, metrics, best.json) beside result.json in the run
+# directory; only result.json is declared, so Snakemake never deletes that state and `--resume auto` picks it
+# up on a rerun.
+
+
+rule train_run:
+    input:
+        recipe=ancient(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
+        cache=PLAN.cache_dir,
+    output:
+        f"{RUNS_DIR}/{{run}}/result.json",
+    params:
+        plan_files=plan_file_digest,
+        numerics=NUMERICS_VERSION,
+    log:
+        "logs/train_run/{run}.log",
+    threads: PLAN.threads("runs")
+    resources:
+        **PLAN.resources("runs"),
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
+        "> {log} 2>&1"
+
+
+rule evaluate_run:
+    input:
+        result=f"{RUNS_DIR}/{{run}}/result.json",
+    output:
+        f"{RUNS_DIR}/{{run}}/evaluation.json",
+    params:
+        run_dir=output_parent,
+        full=run_evaluate_flags,
+    log:
+        "logs/evaluate_run/{run}.log",
+    threads: PLAN.threads("runs")
+    resources:
+        **PLAN.resources("runs"),
+    conda:
+        "../envs/torch.yaml"
+    shell:
+        "python -m tiny_llm evaluate --config {params.run_dir}/resolved.yaml "
+        "--checkpoint {params.run_dir}/final.pt {params.full} --output {output} > {log} 2>&1"
+
+
+rule plot_curves:
+    input:
+        PLAN.run_results(),
+    output:
+        table=report(
+            f"{RUNS_REPORT_DIR}/report.md",
+            caption="../report/runs-table.rst",
+            category="Training runs",
+        ),
+        comparison=f"{RUNS_REPORT_DIR}/comparison.json",
+        curves=report(
+            f"{RUNS_REPORT_DIR}/learning-curves.png",
+            caption="../report/learning-curves.rst",
+            category="Training runs",
+        ),
+    params:
+        runs=runs_root,
+        outdir=output_parent,
+    log:
+        "logs/plot_curves/runs.log",
+    localrule: True
+    conda:
+        "../envs/report.yaml"
+    shell:
+        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
