@@ -221,7 +221,7 @@ def test_plan_select_rank_through_the_cli(tmp_path, capsys):
     record = json.loads((root / "campaign.json").read_text())
     assert record["cache_identities"] == {"s": "cache-abc", "m": "cache-abc", "l": "cache-abc"}
     assert [len(s["runs"]) for s in record["stages"]] == [6, 4, 2]
-    assert len(list((root / "recipes" / "stage1").glob("*.yaml"))) == 6
+    assert len(list((root / "stage1").glob("*/recipe.yaml"))) == 6
     # stage 1 not finished -> select refuses, naming the missing file
     assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 2
     assert "stage1 is not finished" in capsys.readouterr().err
@@ -231,10 +231,20 @@ def test_plan_select_rank_through_the_cli(tmp_path, capsys):
     assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 0
     ranking = json.loads((root / "stage1" / "ranking.json").read_text())
     assert [r["run"] for r in ranking[:3]] == ["s-lr0.001-wd0", "s-lr0.001-wd0.1", "s-lr0.0003-wd0.1"]
-    child = yaml.safe_load((root / "recipes" / "stage2" / "m-parent1-beta2-0.99.yaml").read_text())
+    child = yaml.safe_load((root / "stage2" / "m-parent1-beta2-0.99" / "recipe.yaml").read_text())
     assert child["optimizer"]["lr"] == 1e-3 and child["optimizer"]["weight_decay"] == 0.1
     assert child["optimizer"]["beta2"] == 0.99 and child["model"]["num_layers"] == 3
     assert child["training"]["checkpoint_policy"] == "interval"
+    # --run writes exactly one child's recipe (the workflow's select_run job)
+    (root / "stage2" / "m-parent1-beta2-0.99" / "recipe.yaml").unlink()
+    (root / "stage2" / "m-parent0-beta2-0.95" / "recipe.yaml").unlink()
+    run = "m-parent1-beta2-0.99"
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2", "--run", run) == 0
+    assert yaml.safe_load((root / "stage2" / run / "recipe.yaml").read_text()) == child
+    assert not (root / "stage2" / "m-parent0-beta2-0.95" / "recipe.yaml").exists()
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2", "--run", "nope") == 2
+    assert "--run: 'nope' is not a run of stage 2" in capsys.readouterr().err
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 0
     fake_results(config, "stage2", {r: 3.0 + i for i, r in enumerate(record["stages"][1]["runs"])})
     assert run_cli("campaign", "select", "--settings", settings, "--stage", "3") == 0
     fake_results(config, "stage3", {"l-parent0": 2.5, "l-parent1": 2.4})
