@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
-import torch
 
 from tiny_llm.config import RecipeConfig, load_recipe
 
@@ -46,12 +43,3 @@ def metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl without the wall-clock fields (which differ between any two runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
-
-
-@pytest.fixture(autouse=True)
-def restore_torch_globals() -> Iterator[None]:
-    """setup_runtime sets process-wide torch state; keep other tests unaffected."""
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
