@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from train_helpers import cli_sets, metric_rows, restore_torch_globals, small_recipe  # noqa: F401
+from train_helpers import cli_sets, metric_rows, small_recipe
 
 from tiny_llm.errors import RunStateError
 from tiny_llm.io import exclusive_lock, read_json

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import restore_torch_globals, small_recipe  # noqa: F401
+from train_helpers import small_recipe
 
 from tiny_llm.cli import main
 from tiny_llm.io import read_json
