@@ -174,6 +174,7 @@ def test_forced_math_kernel_is_used() -> None:
     assert any("math" in k for k in kernels) and not any("flash" in k for k in kernels)
 
 
+@pytest.mark.slow  # torch.compile
 def test_compiled_update_matches_eager_and_honours_a_forced_kernel() -> None:
     from torch.profiler import profile
 

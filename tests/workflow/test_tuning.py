@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from workflow_helpers import REPO, snakemake, tiny_config, write_config
 
@@ -60,6 +61,7 @@ def test_bad_profile_is_rejected_naming_the_key(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", tuning_config())
     target = "results/toy-tuning/selected.yaml"

@@ -41,14 +41,14 @@ def test_cluster_config_streams_c4_without_building_a_corpus(tmp_path: Path) -> 
     assert "build_corpus" not in counts and "train_tokenizer" not in counts
     assert counts["prepare_cache"] == 1
     assert "python -m tiny_llm prepare --config results/data/prepare.yaml" in proc.stdout
+    # The 20m run needs the GPU resource; the training rules carry it, the profile decides how many.
+    assert re.search(r"rule train_run:(.|\n)*?resources:.*gpu=1", proc.stdout)
     # the cache's recipe (a plain file, written without torch) streams the pinned C4 revision
     proc = snakemake(tmp_path, REPO / "config" / "cluster.yaml", "--cores", "1", "results/data/prepare.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recipe = _load_yaml(tmp_path / "results/data/prepare.yaml")
     assert recipe["data"]["dataset"] == "allenai/c4"
     assert recipe["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
-    # The 20m run needs the GPU resource; the training rules carry it, the profile decides how many.
-    assert re.search(r"rule train_run:(.|\n)*?resources:.*gpu=1", proc.stdout)
 
 
 def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
