@@ -37,6 +37,11 @@ class ModelEngine:
         self.grad_clip = recipe.optimizer.grad_clip
         self.model = build_model(recipe, device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Gradients live in tensors allocated once and zeroed in place, never set to None. Under CUDA
+        # graphs (compile_mode reduce-overhead / max-autotune) a microbatch's gradients come out in
+        # graph-owned memory that the next replay overwrites: with .grad None autograd would adopt that
+        # memory as .grad and the next microbatch would overwrite it; with .grad allocated it adds it in.
+        self.grads = [torch.zeros_like(p) for p in self.params]
         self.optimizer = build_optimizer(
             self.model, recipe.optimizer, fused=uses_fused_optimizer(recipe, device)
         )
@@ -48,20 +53,28 @@ class ModelEngine:
         with sdpa_context(self.recipe):
             return loss_sum(self.model, inputs, targets)
 
+    def zero_grads(self) -> None:
+        """Zero the persistent gradients in place, re-attaching any that other code set to None."""
+        for param, grad in zip(self.params, self.grads, strict=True):
+            if param.grad is not grad:
+                param.grad = grad
+        torch._foreach_zero_(self.grads)
+
     def forward_backward(self, blocks: torch.Tensor, num_targets: int) -> torch.Tensor:
-        """Accumulate grads of summed CE / num_targets; return the summed CE (detached)."""
+        """Zero the gradients, accumulate those of summed CE / num_targets; return the summed CE."""
+        self.zero_grads()
         total = torch.zeros((), device=self.device)
         for index, micro in enumerate(blocks.split(self.micro_batch_size)):
             if index and signals.stop_requested():
-                self.optimizer.zero_grad(set_to_none=True)
+                self.zero_grads()
                 raise UpdateAborted()
             # Full microbatches run compiled; a short one runs eagerly instead of recompiling.
             loss_fn = self._compiled_loss if micro.shape[0] == self.micro_batch_size else self._loss
             with record_function("forward_and_loss"), compute_context(self.recipe, self.device):
                 summed = loss_fn(micro[:, :-1], micro[:, 1:])
+            total += summed.detach()  # read graph-owned outputs before the next replay reuses them
             with record_function("backward"):
                 (summed / num_targets).backward()
-            total += summed.detach()
         return total
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
@@ -72,11 +85,10 @@ class ModelEngine:
             blocks = blocks.to(self.device, non_blocking=True)
         total = self.forward_backward(blocks, num_targets)
         with record_function("clipping"):
-            grads = [p.grad for p in self.params if p.grad is not None]
-            norm_t = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
+            norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")
             loss, grad_norm = torch.stack([total / num_targets, norm_t.float()]).tolist()  # one device sync
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                self.optimizer.zero_grad(set_to_none=True)
+                self.zero_grads()
                 what = "loss" if not math.isfinite(loss) else "gradient norm"
                 raise NonFiniteError(step, f"non-finite {what} (loss {loss}, grad_norm {grad_norm})")
             if self.grad_clip is not None:
@@ -84,7 +96,6 @@ class ModelEngine:
         with record_function("optimizer"):
             set_lr(self.optimizer, lr)
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
 
     def eval_model(self) -> nn.Module:

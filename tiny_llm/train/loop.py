@@ -167,7 +167,7 @@ class Trainer:
                 loss_sum(model, block[:, :-1], block[:, 1:]).backward()
 
         kernels = dispatched_attention_kernels(run)
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=False)  # in place: an engine keeps its gradient tensors
         return kernels
 
     # ------------------------------------------------------------------ the loop
