@@ -123,20 +123,22 @@ def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
 def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:
     """Learning rate after ``tokens`` targets (evaluate at an update's end token).
 
-    Linear warmup over warmup_fraction of the tokens, then cosine (or, for wsd,
-    a hold and a 1 - sqrt(q) decay over the last decay_fraction) down to
-    min_lr_ratio x peak.
+    Linear warmup over warmup_fraction of the tokens, then either cosine down to
+    min_lr_ratio x peak, or (wsd, as the reference) the peak held until the last
+    decay_fraction of the tokens and peak x (1 - sqrt(q)) down to 0 over it, q
+    the progress through that decay (0 -> 1). min_lr_ratio is cosine's only.
     """
-    peak, floor = opt.lr, opt.lr * opt.min_lr_ratio
+    peak = opt.lr
     warmup = opt.warmup_fraction * total_tokens
     if tokens < warmup:
         return peak * tokens / warmup
     if opt.lr_schedule == "wsd":
         decay_start = max(warmup, total_tokens * (1.0 - opt.decay_fraction))
-        if tokens < decay_start:
+        if tokens <= decay_start or decay_start >= total_tokens:
             return peak
-        q = min(1.0, (tokens - decay_start) / max(total_tokens - decay_start, 1e-12))
-        return floor + (peak - floor) * (1.0 - math.sqrt(q))
+        q = min(1.0, (tokens - decay_start) / (total_tokens - decay_start))
+        return peak * (1.0 - math.sqrt(q))
+    floor = peak * opt.min_lr_ratio
     q = min(1.0, (tokens - warmup) / max(total_tokens - warmup, 1e-12))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
 

@@ -103,11 +103,11 @@ class OptimizerConfig:
     warmup_fraction: float = 0.05
     """Linear warmup over this fraction of the training tokens."""
     min_lr_ratio: float = 0.1
-    """Final LR as a fraction of the peak."""
+    """cosine only: final LR as a fraction of the peak (wsd decays to 0)."""
     lr_schedule: Literal["cosine", "wsd"] = field(default="cosine", metadata={"late": True})
     """cosine decay, or warmup-stable-decay."""
-    decay_fraction: float = field(default=0.2, metadata={"late": True})
-    """wsd only: decay (1 - sqrt) over this last fraction of tokens."""
+    decay_fraction: float = field(default=0.1, metadata={"late": True})
+    """wsd only: decay peak x (1 - sqrt(q)) to 0 over this last fraction of tokens."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -511,7 +511,10 @@ def _identity_view(obj: Any, cls: type | None, prefix: str) -> Any:
 
 def recipe_identity_payload(recipe: RecipeConfig) -> dict[str, Any]:
     """The identity-relevant part of the recipe (no execution-only fields)."""
-    return _identity_view(recipe, None, "")
+    payload = _identity_view(recipe, None, "")
+    if recipe.optimizer.lr_schedule == "wsd":  # its default changed (0.2 -> 0.1): never implied by absence
+        payload["optimizer"]["decay_fraction"] = recipe.optimizer.decay_fraction
+    return payload
 
 
 def recipe_identity(recipe: RecipeConfig, cache_identity: str | None) -> str:

@@ -61,13 +61,27 @@ def test_cosine_schedule_edges() -> None:
 
 
 def test_wsd_schedule_edges() -> None:
+    """The reference's WSD: warmup, hold at the peak, then peak x (1 - sqrt(q)) down to 0 (no floor)."""
     sets = ["optimizer.lr=0.01", "optimizer.warmup_fraction=0.1", "optimizer.lr_schedule=wsd"]
-    opt = load_recipe(["tiny"], [*sets, "optimizer.decay_fraction=0.2"]).optimizer
+    opt = load_recipe(["tiny"], sets).optimizer
+    assert opt.decay_fraction == 0.1 and opt.min_lr_ratio == 0.1  # min_lr_ratio is cosine's only
     total = 10_000
+    assert lr_at(500, total, opt) == pytest.approx(0.005)  # warmup as for cosine
     assert lr_at(1000, total, opt) == pytest.approx(0.01)
-    assert lr_at(7999, total, opt) == pytest.approx(0.01)  # stable phase
-    assert lr_at(9000, total, opt) == pytest.approx(0.001 + 0.009 * (1 - math.sqrt(0.5)))
-    assert lr_at(total, total, opt) == pytest.approx(0.001)
+    assert lr_at(8999, total, opt) == pytest.approx(0.01)  # stable phase up to the last 10%
+    assert lr_at(9000, total, opt) == pytest.approx(0.01)  # q = 0: decay starts at the peak
+    assert lr_at(9250, total, opt) == pytest.approx(0.005)  # q = 0.25 -> 1 - 0.5
+    assert lr_at(9900, total, opt) == pytest.approx(0.01 * (1 - math.sqrt(0.9)))
+    assert lr_at(total, total, opt) == 0.0  # q = 1: down to zero, not to min_lr_ratio x peak
+    assert lr_at(2 * total, total, opt) == 0.0
+    wider = load_recipe(["tiny"], [*sets, "optimizer.decay_fraction=0.2"]).optimizer
+    assert lr_at(7999, total, wider) == pytest.approx(0.01)
+    assert lr_at(9000, total, wider) == pytest.approx(0.01 * (1 - math.sqrt(0.5)))
+    hold = load_recipe(["tiny"], [*sets, "optimizer.decay_fraction=0"]).optimizer
+    assert lr_at(total, total, hold) == pytest.approx(0.01)  # no decay phase: the peak to the end
+    late = load_recipe(["tiny"], [*sets, "optimizer.decay_fraction=1"]).optimizer
+    assert lr_at(1000, total, late) == pytest.approx(0.01)  # decay never starts before warmup ends
+    assert lr_at(3250, total, late) == pytest.approx(0.005)  # q = 0.25 of the 9,000 after warmup
 
 
 def test_zero_warmup_starts_at_peak() -> None:

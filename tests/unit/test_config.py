@@ -135,3 +135,12 @@ def test_late_fields_at_default_leave_the_identity_unchanged() -> None:
     assert "lr_schedule" not in payload["optimizer"] and "decay_fraction" not in payload["optimizer"]
     wsd = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.lr_schedule=wsd"]))
     assert wsd["optimizer"]["lr_schedule"] == "wsd"
+
+
+def test_wsd_identity_names_its_decay_fraction() -> None:
+    """decay_fraction's default moved from 0.2 to 0.1 (the reference's): a WSD run keeps it in its identity,
+    so a state written under the old default is not resumed under the new one."""
+    wsd = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.lr_schedule=wsd"]))
+    assert wsd["optimizer"]["decay_fraction"] == 0.1
+    cosine = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.decay_fraction=0.1"]))
+    assert "decay_fraction" not in cosine["optimizer"]
