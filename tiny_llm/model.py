@@ -48,12 +48,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention with an explicit FP32 softmax (double-backward capable, deterministic)."""
+    """Causal attention in FP32 throughout (double-backward capable, deterministic).
+
+    Autocast is switched off inside: it would recast both matmuls to BF16, and the parity check of the fast
+    path against this one would then compare BF16 with BF16.
+    """
     t = q.shape[-2]
-    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = scores.softmax(dim=-1) @ v.float()
+    return out.to(q.dtype)
 
 
 class Attention(nn.Module):

@@ -9,7 +9,7 @@ import torch
 
 from tiny_llm.budget import parameter_count
 from tiny_llm.config import ModelConfig, load_recipe
-from tiny_llm.model import Llama, RMSNorm, count_parameters, loss_sum
+from tiny_llm.model import Llama, RMSNorm, count_parameters, loss_sum, reference_attention
 
 TOY = ModelConfig(vocab_size=97, num_layers=2, width=32, num_heads=4, ffn_width=48, context_length=16)
 
@@ -46,6 +46,18 @@ def test_sdpa_and_reference_paths_agree() -> None:
     reference.load_state_dict(sdpa.state_dict())
     x = torch.randint(0, TOY.vocab_size, (3, TOY.context_length))
     torch.testing.assert_close(sdpa(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_attention_stays_fp32_under_bf16_autocast(dtype: torch.dtype) -> None:
+    """The parity check's reference must be FP32: autocast must not recast its matmuls to BF16."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g).to(dtype) for _ in range(3))
+    fp32 = reference_attention(q, k, v)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        autocast = reference_attention(q, k, v)
+    assert autocast.dtype == dtype
+    assert torch.equal(autocast, fp32)
 
 
 def test_reference_attention_supports_double_backward() -> None:
