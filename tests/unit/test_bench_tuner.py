@@ -114,6 +114,16 @@ def test_reference_stage1_order_skips_micro_above_batch():
     ]
 
 
+def test_stage1_measures_the_20m_production_setting_at_its_batch():
+    """20m trains at 131,072 tokens with micro 128 (the reference's setting): stage 1 must measure it there;
+    at 32,768 tokens (50m, 90m) micro batches above 32 sequences are skipped."""
+    profile = profile_from_dict("g", {"configs": ["20m"], "space": "gpu"})
+    names = [s.name for s in make_slots(profile, load_recipe(["20m"])) if s.stage == 1]
+    assert names[-2:] == ["s1-m64-compile", "s1-m128-compile"] and len(names) == 10
+    small = [s.name for s in make_slots(profile, load_recipe(["50m"])) if s.stage == 1]
+    assert small[-1] == "s1-m32-compile" and len(small) == 8
+
+
 def test_cpu_space_varies_attention_precision_threads():
     profile = profile_from_dict(
         "c", {"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1, 2]}
