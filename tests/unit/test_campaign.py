@@ -179,7 +179,7 @@ def test_tuning_result_sets_micro_and_compile_but_not_numerics(tmp_path):
     tuned = tmp_path / "cpu-tuning" / "selected.yaml"
     tuned.parent.mkdir()
     recipe = campaign.size_base({"preset": "tiny"}, "s")
-    recipe["training"].update(micro_batch_size=4, batch_tokens=512)
+    recipe["training"].update(micro_batch_size=4, batch_tokens=1024)
     recipe["runtime"].update(compile=True, cpu_threads=2)
     recipe["optimizer"]["lr"] = 0.5
     tuned.write_text(yaml.safe_dump(recipe))
@@ -189,12 +189,30 @@ def test_tuning_result_sets_micro_and_compile_but_not_numerics(tmp_path):
     s = templates["s"]
     assert s["training"]["micro_batch_size"] == 4 and s["runtime"]["compile"] is True
     assert s["runtime"]["cpu_threads"] == 2
-    assert s["training"]["batch_tokens"] == 1024 and s["optimizer"]["lr"] == 0.003  # numerics untouched
+    assert s["optimizer"]["lr"] == 0.003  # numerics untouched
     assert templates["m"]["training"]["micro_batch_size"] == 8  # untuned sizes keep the preset
     assert campaign.make_plan(config).estimate["stages"][0]["tokens_per_second"] == 1234.5
     other = tiny_config(tmp_path, tuning={"m": str(tuned)})  # a 2-layer result for the 3-layer size
     with pytest.raises(ConfigError, match=r"campaign.tuning.m: .* tuned another model shape"):
         campaign.load_templates(other)
+
+
+def test_tuning_result_measured_at_another_batch_is_refused(tmp_path):
+    """The fastest microbatch at 512 tokens per update says little about the runs' 1,024 tokens."""
+    tuned = tmp_path / "cpu-tuning" / "selected.yaml"
+    tuned.parent.mkdir()
+    recipe = campaign.size_base({"preset": "tiny"}, "s")
+    recipe["training"].update(micro_batch_size=4, batch_tokens=512)
+    tuned.write_text(yaml.safe_dump(recipe))
+    config = tiny_config(tmp_path, tuning={"s": str(tuned)})
+    with pytest.raises(ConfigError) as err:
+        campaign.load_templates(config)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"campaign.tuning.s: {tuned} was measured at training.batch_tokens=512")
+    assert "size 's' trains at 1024" in message
+    same = tiny_config(tmp_path, tuning={"s": str(tuned)}, batch_tokens={"s": 512})  # campaign at 512: fine
+    assert campaign.load_templates(same)["s"]["training"]["micro_batch_size"] == 4
 
 
 def run_cli(*args: str) -> int:

@@ -35,13 +35,20 @@ def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
 def tuned_settings(
     tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str
 ) -> dict[str, dict[str, Any]]:
-    """The execution settings a tuning result gives a size; ConfigError if it tuned another model."""
+    """The execution settings a tuning result gives a size; ConfigError if it tuned another model, or measured
+    at another batch (the fastest microbatch and compile mode at one batch say little about another)."""
     tuned = recipe_to_dict(recipe_from_dict(dict(tuning_recipe)))
     if tuned["model"] != template["model"]:
         diffs = identity_differences(template["model"], tuned["model"])
         raise ConfigError(
             f"campaign.tuning.{size}: {source} tuned another model shape ({'; '.join(diffs[:3])}); "
             f"tune the size's own preset or drop it from campaign.tuning"
+        )
+    measured, trains = tuned["training"]["batch_tokens"], template["training"]["batch_tokens"]
+    if measured != trains:
+        raise ConfigError(
+            f"campaign.tuning.{size}: {source} was measured at training.batch_tokens={measured}, but size "
+            f"'{size}' trains at {trains}; tune it at its campaign batch or drop it from campaign.tuning"
         )
     settings: dict[str, dict[str, Any]] = {}
     for section, name in TUNED_FIELDS:
