@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import hashlib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -322,6 +323,18 @@ def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         return None
 
 
+# A number as a person writes it: YAML 1.1 (PyYAML) reads 1e-3 or 5E4 as strings, YAML 1.2 and people do not.
+NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def number_from_text(value: Any) -> Any:
+    """``value`` as an int or float when it is a string that spells a number, else unchanged."""
+    if not isinstance(value, str) or not NUMBER_TEXT.fullmatch(value.strip()):
+        return value
+    text = value.strip()
+    return int(text) if text.lstrip("+-").isdigit() else float(text)
+
+
 def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
@@ -341,6 +354,8 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         if not isinstance(value, bool):
             problems.append(f"{key}: expected true or false, got {_describe(value)}")
         return value
+    if hint in (int, float):
+        value = number_from_text(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer() and math.isfinite(value):

@@ -144,3 +144,21 @@ def test_wsd_identity_names_its_decay_fraction() -> None:
     assert wsd["optimizer"]["decay_fraction"] == 0.1
     cosine = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.decay_fraction=0.1"]))
     assert "decay_fraction" not in cosine["optimizer"]
+
+
+def test_numbers_in_exponent_notation_are_numbers(tmp_path) -> None:
+    """YAML 1.1 reads 1e-3 as a string; a person means a number (in --set and in recipe files)."""
+    recipe = load_recipe(
+        ["tiny"], ["optimizer.lr=1e-3", "optimizer.weight_decay=1E-1", "training.batch_tokens=8.192e3"]
+    )
+    assert (recipe.optimizer.lr, recipe.optimizer.weight_decay, recipe.training.batch_tokens) == (
+        1e-3,
+        0.1,
+        8192,
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text("optimizer: {lr: 5e-4, beta2: 9.5E-1}\n")
+    recipe = load_recipe(["tiny", str(path)])
+    assert recipe.optimizer.lr == 5e-4 and recipe.optimizer.beta2 == 0.95
+    with pytest.raises(ConfigError, match="optimizer.lr: expected a number, got str 'fast'"):
+        load_recipe(["tiny"], ["optimizer.lr=fast"])

@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tiny_llm.config import number_from_text
 from tiny_llm.errors import ConfigError
 
 
@@ -20,6 +21,7 @@ def load_schema(schema_file: str | Path) -> dict[str, Any]:
 
 def validate_config(config: dict[str, Any], schema: dict[str, Any], sources: str) -> None:
     """Reject unknown keys and wrong types (every problem, one line each), then fill the defaults in place."""
+    coerce_numbers(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -40,6 +42,26 @@ def schema_problem(error: jsonschema.ValidationError) -> str:
             hints.append(f"{where}: unknown key '{key}' ({hint})")
         return "; ".join(hints)
     return f"{where}: {error.message}"
+
+
+def coerce_numbers(instance: Any, schema: dict[str, Any]) -> Any:
+    """Numbers as YAML 1.1 reads them (1e-3 is a string there) become numbers where the schema expects one;
+    other strings stay strings, and recipe overrides are converted by the recipe's own validation."""
+    if isinstance(instance, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in instance.items():
+            sub = properties.get(key, extra if isinstance(extra, dict) else {})
+            instance[key] = coerce_numbers(value, sub)
+        return instance
+    if isinstance(instance, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        for i, value in enumerate(instance):
+            instance[i] = coerce_numbers(value, items)
+        return instance
+    types = schema.get("type") or []
+    types = [types] if isinstance(types, str) else types
+    return number_from_text(instance) if {"number", "integer"} & set(types) else instance
 
 
 def fill_defaults(instance: Any, schema: dict[str, Any]) -> None:
