@@ -49,14 +49,14 @@ rule bench_packed:
         protocol=PLAN.packed.bench_protocol() if PLAN.packed.bench else "",
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
-    threads: PLAN.threads("bench")  # all of them: a benchmark must not share the CPU with other jobs
+    threads: PLAN.threads("bench")  # locally all cores: nothing runs beside a timed job
     resources:
         **PLAN.resources("bench"),
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --set runtime.cpu_threads={threads} "
-        "--execution {wildcards.execution} {params.protocol} --output {output} > {log} 2>&1"
+        "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --execution {wildcards.execution} "
+        "{params.protocol} --output {output} > {log} 2>&1"
 
 
 rule summarize_packed_bench:

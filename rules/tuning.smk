@@ -37,9 +37,8 @@ rule bench_candidate:
         results=tuning_results,
     log:
         "logs/bench_candidate/{profile}-{slot}.log",
-    threads: PLAN.threads("tuning")
+    threads: PLAN.threads("tuning")  # locally all cores: nothing runs beside a timed job
     resources:
-        tuning_device=1,
         **PLAN.resources("tuning"),
     conda:
         "../envs/torch.yaml"
@@ -50,7 +49,7 @@ rule bench_candidate:
 
 rule select_tuning:
     input:
-        plan="results/{profile}-tuning/plan.json",
+        plan=tuning_plan,
         candidates=all_candidates,
     output:
         selected="results/{profile}-tuning/selected.yaml",

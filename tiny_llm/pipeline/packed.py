@@ -63,7 +63,7 @@ class PackedPlan:
         packed = {
             "decentralized": {"num_models": num_models},
             "training": {"batch_tokens": global_tokens, "micro_batch_size": micro},
-            "runtime": {"compile": BENCH_MODES[mode]},
+            "runtime": {"compile": BENCH_MODES[mode], "cpu_threads": bench["threads"]},
         }
         overrides = deep_merge(bench["overrides"], packed)
         return recipe_to_dict(packed_recipe(book, bench, overrides, "packed.benchmark"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
@@ -18,6 +19,8 @@ from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
     CORPUS_DIR,
+    PACKED_BENCH_DIR,
+    PACKED_REPORT_DIR,
     PREPARE_RECIPE,
     RUNS_DIR,
     RUNS_REPORT_DIR,
@@ -31,6 +34,8 @@ from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.tuning import TuningPlan
 
 STAGES = ("data", "runs", "tuning", "campaign", "packed")
+# Jobs that measure throughput: nothing else may run beside them (see WorkflowPlan.threads).
+TIMED_KINDS = ("tuning", "bench")
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,16 @@ class Resources:
 class WorkflowPlan:
     """Everything the rules need, decided once from the validated config."""
 
-    def __init__(self, config: dict[str, Any], numerics_version: int, check_files: bool = True) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        numerics_version: int,
+        check_files: bool = True,
+        local_cores: int | None = None,
+    ) -> None:
         self.config = config
         self.numerics_version = numerics_version
+        self.local_cores = local_cores
         self.book = RecipeBook(config)
         self.files = PlanFiles()
         self.cache_dir: str = config["data"]["cache_dir"]
@@ -161,7 +173,12 @@ class WorkflowPlan:
         raise ValueError(f"unknown job kind {kind!r}")
 
     def threads(self, kind: str) -> Callable[[Any], int]:
+        """A job's cores. A timed job run locally takes every core, so that the scheduler starts nothing
+        beside it (its own threads are in its recipe or tuning profile); on a cluster it is an allocation."""
+
         def threads(wildcards: Any) -> int:
+            if kind in TIMED_KINDS and self.local_cores:
+                return self.local_cores
             return self.job_resources(kind, wildcards).threads
 
         return threads
@@ -179,6 +196,21 @@ class WorkflowPlan:
             return self.job_resources(kind, wildcards).runtime_minutes * attempt
 
         return {"gpu": gpu, "mem_mb": mem_mb, "runtime": runtime}
+
+    def where_to_look(self) -> list[str]:
+        """The finished results a user looks at first, one line per stage that has them."""
+        picks = {
+            "runs": [f"{RUNS_REPORT_DIR}/report.md", f"{RUNS_REPORT_DIR}/learning-curves.png"],
+            "tuning": self.tuning.targets(),
+            "campaign": [f"{self.campaign.root}/report/report.md"] if self.campaign else [],
+            "packed": [f"{PACKED_REPORT_DIR}/report.md", f"{PACKED_BENCH_DIR}/summary.json"],
+        }
+        lines = []
+        for stage, files in picks.items():
+            present = [path for path in files if Path(path).exists()]
+            if present:
+                lines.append(f"  {stage:<9} {', '.join(present)}")
+        return lines
 
     # ------------------------------------------------------------------ stages and targets
 
@@ -212,16 +244,32 @@ class WorkflowPlan:
         return self.targets(stage) if enabled.get(stage, True) else []
 
 
+def failed_job_logs(snakemake_log: str) -> list[str]:
+    """The log files of the jobs that failed, from Snakemake's own log (its "Error in rule" blocks)."""
+    logs, in_error = [], False
+    for line in snakemake_log.splitlines():
+        if line.startswith("Error in rule"):
+            in_error = True
+        elif in_error and line.strip().startswith("log:"):
+            logs.append(line.split("log:", 1)[1].split("(check log")[0].strip())
+            in_error = False
+    return list(dict.fromkeys(logs))
+
+
 def build_plan(
     config: dict[str, Any],
     schema: Mapping[str, Any],
     sources: str = "",
     numerics_version: int = 0,
     check_files: bool = True,
+    local_cores: int | None = None,
 ) -> WorkflowPlan:
-    """Validate ``config`` (filling the schema's defaults in place) and plan the workflow."""
+    """Validate ``config`` (filling the schema's defaults in place) and plan the workflow.
+
+    ``local_cores``: the cores of a local run (None on a cluster), which a timed job takes all of.
+    """
     validate_config(config, dict(schema), sources)
-    return WorkflowPlan(config, numerics_version, check_files)
+    return WorkflowPlan(config, numerics_version, check_files, local_cores)
 
 
 def campaign_settings_from_config(config: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,94 @@
+"""What a user asks of the workflow plan: numbers as people write them, timed jobs alone on the machine, an
+undefined tuning profile, and the closing lines of a run (where to look, which log failed)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline import build_plan, load_schema
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = load_schema(REPO / "schemas/workflow_config.schema.yaml")
+
+
+def shipped(name: str) -> dict:
+    return yaml.safe_load((REPO / name).read_text(encoding="utf-8"))
+
+
+def plan_of(config: dict):
+    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, check_files=False)
+
+
+def tiny(**extra) -> dict:
+    config = {
+        "sizes": {"tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}},
+        "runs": {"a": {"size": "tiny"}},
+    }
+    config.update(extra)
+    return config
+
+
+def test_numbers_as_people_write_them_are_numbers() -> None:
+    config = tiny(
+        runs={"a": {"size": "tiny", "overrides": {"optimizer": {"lr": "1e-3", "weight_decay": "1E-1"}}}}
+    )
+    config["campaign"] = {"stages": [{"size": "tiny", "lr": ["3e-4", "1E-3"], "weight_decay": ["0"]}]}
+    config["campaign"]["throughput"] = {"tiny": "5e4"}
+    plan = plan_of(config)
+    recipe = plan.files.content("results/runs/a/recipe.yaml")
+    assert recipe["optimizer"]["lr"] == 0.001 and recipe["optimizer"]["weight_decay"] == 0.1
+    assert plan.config["campaign"]["stages"][0]["lr"] == [0.0003, 0.001]
+    assert plan.config["campaign"]["throughput"]["tiny"] == 50000
+    # a string field stays a string, even when it looks like a number
+    config["data"] = {"corpus_revision": "1e5"}
+    assert plan_of(config).config["data"]["corpus_revision"] == "1e5"
+
+
+def test_timed_jobs_take_every_local_core() -> None:
+    config = shipped("workflow_config.yaml")
+    local = build_plan(copy.deepcopy(config), SCHEMA, numerics_version=1, check_files=False, local_cores=2)
+    assert local.threads("tuning")(SimpleNamespace(profile="cpu")) == 2
+    assert local.threads("bench")(SimpleNamespace()) == 2
+    assert (
+        local.threads("runs")(SimpleNamespace(run="demo-s")) == 1
+    )  # training jobs keep their size's threads
+    cluster = plan_of(config)  # local_cores None: a cluster job is its own allocation
+    assert cluster.threads("tuning")(SimpleNamespace(profile="cpu")) == 1
+    bench = local.files.content("results/packed-benchmarks/n4-eager/recipe.yaml")
+    assert bench["runtime"]["cpu_threads"] == config["packed"]["benchmark"]["threads"]
+
+
+def test_an_undefined_tuning_profile_names_the_config_that_defines_it() -> None:
+    plan = plan_of(shipped("workflow_config.yaml"))
+    with pytest.raises(ConfigError) as err:
+        plan.tuning.plan_file("gh200", REPO / "config")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "tuning profile 'gh200' is not in this workflow config (cpu)" in message
+    assert "snakemake --configfile config/cluster.yaml results/gh200-tuning/selected.yaml" in message
+    with pytest.raises(ConfigError, match="define it under tuning.profiles"):
+        plan.tuning.plan_file("nowhere", REPO / "config")
+    assert plan.tuning.plan_file("cpu", REPO / "config") == "results/cpu-tuning/plan.json"
+
+
+def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny_llm.pipeline.plan import failed_job_logs
+
+    log = (
+        "[Mon Nov 30]\nError in rule train_run:\n    jobid: 4\n    input: results/runs/a/recipe.yaml\n"
+        "    log: logs/train_run/a.log (check log file(s) for error details)\n    conda-env: x\n"
+        "Error in rule bench_packed:\n    log: logs/bench_packed/packed-n4-eager.log (check log file(s))\n"
+    )
+    assert failed_job_logs(log) == ["logs/train_run/a.log", "logs/bench_packed/packed-n4-eager.log"]
+    monkeypatch.chdir(tmp_path)
+    plan = plan_of(shipped("workflow_config.yaml"))
+    assert plan.where_to_look() == []
+    (tmp_path / "results/cpu-tuning").mkdir(parents=True)
+    (tmp_path / "results/cpu-tuning/selected.yaml").write_text("{}")
+    assert plan.where_to_look() == ["  tuning    results/cpu-tuning/selected.yaml"]
