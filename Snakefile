@@ -1,11 +1,13 @@
 # tiny-llm: corpus -> tokenizer -> token cache -> training runs, tuning, campaign, packed stages -> report.
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
 # Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
-from snakemake.exceptions import WorkflowError
+import sys
+
 from snakemake.utils import min_version
 
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import build_plan, load_schema
+from tiny_llm.pipeline.plan import failed_job_logs
 
 min_version("9.0")
 
@@ -30,9 +32,10 @@ try:
         load_schema(f"{workflow.basedir}/schemas/workflow_config.schema.yaml"),
         sources=", ".join(map(str, workflow.configfiles)),
         numerics_version=NUMERICS_VERSION,
+        local_cores=workflow.cores if workflow.local_exec else None,
     )
 except TinyLLMError as exc:
-    raise WorkflowError(str(exc)) from None
+    sys.exit(f"error: {exc}")  # the message alone: a traceback adds nothing a user can act on
 
 
 include: "rules/common.smk"
@@ -77,3 +80,16 @@ rule campaign:
 rule packed:
     input:
         PLAN.targets("packed"),
+
+
+onsuccess:
+    if PLAN.where_to_look():
+        print("\nResults (the full table is in README.md, 'What the demo does'):")
+        print("\n".join(PLAN.where_to_look()))
+        print("HTML report with every table and plot: snakemake --report report.html")
+
+
+onerror:
+    failed = failed_job_logs(open(log).read()) if log else []
+    print(f"\nFailed job log(s): {', '.join(failed) or 'see the Error blocks above'}")
+    print("Fix the cause and rerun the same command: finished work is kept, interrupted runs resume.")

@@ -50,7 +50,6 @@ if PLAN.campaign:
         params:
             numerics=NUMERICS_VERSION,
             threads=campaign_thread_flags,
-            run_dir=output_parent,
         log:
             "logs/train_campaign/{stage}/{run}.log",
         threads: PLAN.threads("campaign")
@@ -62,8 +61,8 @@ if PLAN.campaign:
             "../envs/torch.yaml"
         shell:
             # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
-            "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto > {log} 2>&1 "
-            "|| python -m tiny_llm campaign diverged --run-dir {params.run_dir} --exit-code $? >> {log} 2>&1"
+            "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto --record-divergence "
+            "> {log} 2>&1"
 
     rule select_run:
         input:

@@ -5,8 +5,10 @@
 # are written by rule write_plan_file. Jobs read them as `ancient` inputs with the content's digest as a param,
 # so rewriting a file with the same content reruns nothing and a changed recipe reruns its job.
 
+import sys
 from pathlib import Path
 
+from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import (
     CORPUS_DIR,
     PACKED_BENCH_DIR,
@@ -30,6 +32,14 @@ def plan_file_content(wildcards) -> dict:
 
 def plan_file_digest(wildcards, input) -> str:
     return PLAN.files.digest_of(input)
+
+
+def or_exit(ask, *args):
+    """The plan's answer; a problem with the request itself ends the run with its one-line message."""
+    try:
+        return ask(*args)
+    except TinyLLMError as exc:
+        sys.exit(f"error: {exc}")
 
 
 def output_parent(wildcards, output) -> str:
@@ -74,6 +84,10 @@ def candidate_inputs(wildcards) -> dict:
 
 def tuning_results(wildcards) -> str:
     return tuning_dir(wildcards.profile)
+
+
+def tuning_plan(wildcards) -> str:
+    return or_exit(PLAN.tuning.plan_file, wildcards.profile, Path(workflow.basedir) / "config")
 
 
 def all_candidates(wildcards) -> list[str]:

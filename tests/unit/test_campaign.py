@@ -348,3 +348,19 @@ def test_only_a_diverged_run_becomes_a_result(tmp_path, capsys, exit_code, statu
         assert result["status"] == "diverged" and campaign.final_loss(result) == math.inf
     else:
         assert code == exit_code and "failed" in capsys.readouterr().err
+
+
+def test_train_records_only_a_divergence_as_a_result(tmp_path):
+    from tiny_llm.commands.train import record_divergence
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"status": "failed", "error": "crash", "step": 2}))
+    assert record_divergence(run, 1) == 1 and not (run / "result.json").exists()
+    status = {"status": "failed", "error": "non-finite loss at step 3", "step": 3, "tokens": 96}
+    (run / "status.json").write_text(json.dumps(status))
+    assert record_divergence(run, 130) == 130  # an interruption is not an outcome
+    assert record_divergence(run, 1) == 0
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "diverged" and result["step"] == 3
+    assert campaign.final_loss(result) == math.inf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tiny_llm.cli import add_recipe_arguments, recipe_from_args
 
@@ -17,10 +18,31 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no console progress lines (run.log still gets them)"
     )
+    parser.add_argument(
+        "--record-divergence",
+        action="store_true",
+        help="a run that stops on a non-finite loss writes a 'diverged' result.json and exits 0 "
+        "(a campaign ranks it last); any other failure still fails",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
     from tiny_llm.runner import run_training
 
-    return run_training(recipe, resume=args.resume, quiet=args.quiet)
+    code = run_training(recipe, resume=args.resume, quiet=args.quiet)
+    if code and args.record_divergence:
+        return record_divergence(Path(recipe.runtime.output_dir), code)
+    return code
+
+
+def record_divergence(run_dir: Path, code: int) -> int:
+    from tiny_llm.campaign import diverged_result
+    from tiny_llm.io import atomic_write_json
+
+    result = diverged_result(run_dir, code)
+    if result is None:
+        return code
+    atomic_write_json(run_dir / "result.json", result)
+    print(f"{run_dir} diverged ({result['error']}); recorded as a diverged result")
+    return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tiny_llm.bench.candidates import profile_from_dict, slot_names
 from tiny_llm.errors import ConfigError
@@ -45,6 +48,20 @@ class TuningPlan:
         rest = {key: value for key, value in spec.items() if key not in WORKFLOW_KEYS}
         return {**rest, "configs": [self.book.sizes[size]["preset"]], "sets": sets}
 
+    def plan_file(self, name: str, config_dir: Path) -> str:
+        """plan.json of a profile; for an undefined one, one line naming the config file that defines it."""
+        if name not in self.profiles:
+            target = tuning_selected(name)
+            where = [path for path in sorted(config_dir.glob("*.yaml")) if name in _profiles_in(path)]
+            if where:
+                config = f"{where[0].parent.name}/{where[0].name}"
+                hint = f"it is defined in {config}: snakemake --configfile {config} {target}"
+            else:
+                hint = "define it under tuning.profiles"
+            defined = ", ".join(self.profiles) or "none"
+            raise ConfigError(f"tuning profile '{name}' is not in this workflow config ({defined}); {hint}")
+        return f"{tuning_dir(name)}/plan.json"
+
     # ------------------------------------------------------------------ paths
 
     def profile_file(self, name: str) -> str:
@@ -84,3 +101,13 @@ class TuningPlan:
     def candidate_runtime_minutes(self, name: str) -> int:
         """The candidate timeout plus start-up and compilation slack."""
         return int(self.profiles[name]["candidate_timeout_seconds"] // 60) + 10
+
+
+def _profiles_in(config_file: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    tuning = data.get("tuning") if isinstance(data, dict) else None
+    profiles = tuning.get("profiles") if isinstance(tuning, dict) else None
+    return profiles if isinstance(profiles, dict) else {}
