@@ -220,7 +220,8 @@ def test_campaign_runs_threads_and_stages() -> None:
 def test_tuning_profile_file_and_slots() -> None:
     plan = plan_of(shipped("config/cluster.yaml"))
     profile = plan.files.content("results/gh200-tuning/profile.yaml")
-    assert profile["configs"] == ["20m"] and "training.micro_batch_size=32" in profile["sets"]
+    assert profile["configs"] == ["20m"] and not any("batch" in s for s in profile["sets"])
+    assert "s1-m128-compile" in plan.tuning.slot_names("gh200")  # the reference's 20m production setting
     inputs = plan.tuning.candidate_inputs("gh200", "s1-m8-compile")
     assert (
         inputs["plan"] == "results/gh200-tuning/plan.json" and inputs["cache"] == "results/data/c4-tinyllama"
@@ -228,6 +229,56 @@ def test_tuning_profile_file_and_slots() -> None:
     assert len(inputs["earlier"]) == plan.tuning.slot_names("gh200").index("s1-m8-compile")
     with pytest.raises(ConfigError, match="tuning profile 'nope' is not defined"):
         plan.tuning.candidates("nope")
+
+
+@pytest.mark.parametrize("name", ["config/cluster.yaml", "workflow_config.yaml"])
+def test_every_size_is_tuned_at_the_batch_its_campaign_trains_with(name: str) -> None:
+    config = shipped(name)
+    campaign = config["campaign"]
+    if name == "workflow_config.yaml":  # what the demo's comment offers: the cpu tuning for demo-s
+        campaign["tuning"] = {"demo-s": "cpu"}
+    plan = plan_of(config)
+    for profile in config["tuning"]["profiles"]:  # gh200 and h200 tune 20m, as the campaign runs it
+        spec = plan.files.content(f"results/{profile}-tuning/profile.yaml")
+        size = config["tuning"]["profiles"][profile]["size"]
+        tuned = load_recipe(spec["configs"], spec["sets"]).training.batch_tokens
+        campaign_batch = campaign.get("batch_tokens", {}).get(size)
+        if campaign_batch is None:
+            campaign_batch = plan.book.size_recipe(size).training.batch_tokens
+        assert tuned == campaign_batch, profile
+    assert plan.campaign is not None and set(plan.campaign.tuned_sizes) == set(campaign["tuning"])
+
+
+def campaign_tuned_at(batch_tokens: int | None, profile: str = "p") -> dict:
+    overrides = {} if batch_tokens is None else {"training": {"batch_tokens": batch_tokens}}
+    return tiny(
+        campaign={"stages": [{"size": "tiny", "lr": [0.001]}], "tuning": {"tiny": profile}},
+        tuning={"profiles": {"p": {"size": "tiny", "overrides": overrides, "space": "cpu"}}},
+    )
+
+
+def test_a_tuning_profile_at_another_batch_is_refused_when_the_workflow_is_parsed() -> None:
+    plan_of(campaign_tuned_at(None))  # the size's own batch (1,024): fine
+    plan_of(campaign_tuned_at(1024))
+    with pytest.raises(ConfigError) as err:
+        plan_of(campaign_tuned_at(512))
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("campaign.tuning.tiny: tuning profile 'p' measures training.batch_tokens=512")
+    assert "campaign runs of size 'tiny' train at 1024" in message
+    config = campaign_tuned_at(512)
+    config["campaign"]["batch_tokens"] = {"tiny": 512}  # the campaign's own batch decides
+    plan_of(config)
+    with pytest.raises(ConfigError, match="campaign.tuning.tiny: tuning profile 'nope' is not defined"):
+        plan_of(campaign_tuned_at(None, profile="nope"))
+
+
+def test_a_tuning_profile_of_another_model_is_refused_when_the_workflow_is_parsed() -> None:
+    config = campaign_tuned_at(None)
+    config["sizes"]["big"] = {**config["sizes"]["tiny"], "overrides": {"model": {"num_layers": 3}}}
+    config["tuning"]["profiles"]["p"]["size"] = "big"
+    with pytest.raises(ConfigError, match=r"campaign.tuning.tiny: tuning profile 'p' tunes another model"):
+        plan_of(config)
 
 
 def test_campaign_estimate_reads_the_workflow_config(tmp_path: Path) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
-from tiny_llm.config import deep_merge
+from tiny_llm.config import deep_merge, identity_differences
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import tuning_selected
@@ -40,6 +41,33 @@ class CampaignPlan:
         self.settings_file = files.add(f"{self.root}/settings.json", campaign_lib.settings_dict(self.config))
         self.stage_names = list(self.runs)
         self.tuned_sizes = set(self.config.tuning)
+        self.check_tuning(book)
+
+    def check_tuning(self, book: RecipeBook) -> None:
+        """Each profile of campaign.tuning tunes the size's model at the batch its campaign runs train with
+        (what `campaign plan` would refuse later, once the tuning has run)."""
+        profiles = book.config["tuning"]["profiles"]
+        for size, name in book.config["campaign"]["tuning"].items():
+            where = f"campaign.tuning.{size}"
+            if name not in profiles:
+                defined = ", ".join(profiles) or "none"
+                raise ConfigError(f"{where}: tuning profile '{name}' is not defined (profiles: {defined})")
+            spec = profiles[name]
+            tuned = book.recipe(spec["size"], spec["overrides"], where=f"tuning.profiles.{name}")
+            runs = book.recipe(size, self.recipe_overrides(book, size), where=f"campaign ({size})")
+            if tuned.model != runs.model:
+                diffs = identity_differences(dataclasses.asdict(runs.model), dataclasses.asdict(tuned.model))
+                raise ConfigError(
+                    f"{where}: tuning profile '{name}' tunes another model than size '{size}' "
+                    f"({'; '.join(diffs[:3])}); name a profile of size '{size}'"
+                )
+            measured, trains = tuned.training.batch_tokens, runs.training.batch_tokens
+            if measured != trains:
+                raise ConfigError(
+                    f"{where}: tuning profile '{name}' measures training.batch_tokens={measured}, but the "
+                    f"campaign runs of size '{size}' train at {trains}; make tuning.profiles.{name}'s batch "
+                    f"and campaign.batch_tokens.{size} agree"
+                )
 
     def recipe_overrides(self, book: RecipeBook, size: str) -> dict[str, Any]:
         """What a campaign run of ``size`` adds to the size's recipe (for the token cache's budget)."""
