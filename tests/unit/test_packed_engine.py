@@ -7,6 +7,8 @@ import io
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from tiny_llm.config import load_recipe
 from tiny_llm.model import Llama, loss_sum
@@ -69,6 +71,34 @@ def test_all_workers_start_from_the_ordinary_init():
     for name, param in reference.named_parameters():
         views = engine.model.layout.views(engine.model.arena)[name]
         assert torch.equal(views[0], param.detach()) and torch.equal(views[1], param.detach())
+
+
+class LargeOutputs(TorchDispatchMode):
+    """Records every operator that returns a tensor of at least ``numel`` elements outside ``storage``."""
+
+    def __init__(self, numel: int, storage: torch.Tensor) -> None:
+        super().__init__()
+        self.numel, self.storage, self.found = numel, storage.untyped_storage().data_ptr(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            big = isinstance(t, torch.Tensor) and t.numel() >= self.numel
+            if big and t.untyped_storage().data_ptr() != self.storage:
+                self.found.append(f"{func} -> {tuple(t.shape)}")
+        return out
+
+
+def test_packed_embedding_reads_the_arena_without_copying_the_table():
+    recipe = packed_recipe()
+    engine = PackedEngine(recipe, CPU)
+    model = engine.model
+    table = model.weight("embed.weight")  # [2, 512, 64]: 65,536 elements
+    blocks = torch.randint(0, recipe.model.vocab_size, (2, 9))
+    inputs = split_workers(blocks, 2)[..., :-1]  # [2, 1, 8], strided as in training; activations are small
+    with LargeOutputs(table.numel(), model.arena) as probe:
+        logits = model(inputs)
+    assert logits.numel() < table.numel() and probe.found == []
 
 
 def toy_update(scheme: str) -> torch.Tensor:

@@ -3,9 +3,9 @@
 Parameters are views into one arena ``[N, D_padded]``; each view is registered as a
 leaf parameter whose ``.grad`` is preassigned as a view into a gradient arena of the
 same layout, so backward accumulates straight into one contiguous tensor. Every
-Linear is one ``torch.bmm`` over ``[N, batch*L, in]``, the embedding gathers from
-``[N, V, d]`` (flattened to one table with per-worker offsets) and attention runs
-once over ``[N*batch, heads, L, head_dim]``.
+Linear is one ``torch.bmm`` over ``[N, batch*L, in]``, the embedding gathers worker i's
+rows from row i of the ``[N, V, d]`` arena view (no copy of the table) and attention
+runs once over ``[N*batch, heads, L, head_dim]``.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ class PackedLlama(nn.Module):
                 f"inputs {tuple(inputs.shape)} do not fit [{self.num_models}, b, <= {cfg.context_length}]"
             )
         w = self.weight
-        offsets = torch.arange(n, device=inputs.device).view(n, 1, 1) * cfg.vocab_size
-        table = w("embed.weight").reshape(n * cfg.vocab_size, cfg.width)
-        x = F.embedding(inputs + offsets, table).view(n, b * t, cfg.width)
+        # Worker i's rows of its own [V, d] table, gathered straight from the arena: the [N, V, d] view has
+        # the arena's row stride, so flattening it to one [N*V, d] table would copy it on every step.
+        workers = torch.arange(n, device=inputs.device).view(n, 1, 1)
+        x = w("embed.weight")[workers, inputs.contiguous()].view(n, b * t, cfg.width)
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         heads, head_dim = cfg.num_heads, cfg.width // cfg.num_heads
 
