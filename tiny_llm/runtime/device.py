@@ -205,12 +205,33 @@ def dispatched_attention_kernels(run_forward_backward) -> list[str]:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak device memory (CUDA allocator) or peak resident set size of this process (CPU)."""
+    """Peak device memory (CUDA allocator) since the last ``reset_peak_memory``, or the peak resident set
+    size of this process (CPU; it cannot be reset, so it covers the whole process)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for ``peak_memory_bytes`` (CUDA; the CPU figure cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def pin_for(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` in pinned host memory when it is bound for a CUDA device (else unchanged): only from
+    pinned memory is a ``non_blocking`` copy asynchronous; from pageable memory the host waits for it.
+    The block comes from PyTorch's caching host allocator, which keeps it until the copy has finished."""
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        return tensor.pin_memory()
+    return tensor
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch copied to ``device`` without making the host wait (CUDA: through pinned memory)."""
+    return pin_for(tensor, device).to(device, non_blocking=True)
 
 
 def synchronize(device: torch.device) -> None:

@@ -20,6 +20,7 @@ from tiny_llm.runtime.device import (
     compile_loss,
     compute_context,
     sdpa_context,
+    to_device,
     uses_compile,
     uses_fused_optimizer,
 )
@@ -82,7 +83,7 @@ class ModelEngine:
         # the production update into data / forward_and_loss / backward / clipping / optimizer.
         num_targets = blocks.shape[0] * (blocks.shape[1] - 1)
         with record_function("data"):
-            blocks = blocks.to(self.device, non_blocking=True)
+            blocks = to_device(blocks, self.device)
         total = self.forward_backward(blocks, num_targets)
         with record_function("clipping"):
             norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")

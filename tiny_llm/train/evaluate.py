@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from tiny_llm.config import RecipeConfig
-from tiny_llm.model import Llama, token_losses
-from tiny_llm.runtime.device import compute_context, setup_runtime, synchronize
+from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.runtime.device import compute_context, setup_runtime, synchronize, to_device
 from tiny_llm.runtime.engine import EngineFactory, build_model
 
 
@@ -59,7 +59,11 @@ def evaluate_batches(
     device: torch.device,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[float, int]:
-    """(mean loss, valid targets) over (inputs, targets) batches; targets -100 are ignored."""
+    """(mean loss, valid targets) over (inputs, targets) host batches; targets -100 are ignored.
+
+    Targets are counted on the host before the copy, so the loop never waits for the device: the
+    only synchronisation is reading the FP64 total at the end.
+    """
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -68,11 +72,10 @@ def evaluate_batches(
         for inputs, targets in batches:
             if should_stop is not None and should_stop():
                 raise EvaluationAborted()
-            targets = targets.to(device, non_blocking=True)
+            count += int((targets != IGNORE_INDEX).sum())
             with compute_context(recipe, device):
-                losses = token_losses(model, inputs.to(device, non_blocking=True), targets)
+                losses = token_losses(model, to_device(inputs, device), to_device(targets, device))
             total += losses.double().sum()
-            count += int((targets != -100).sum())
     finally:
         model.train(was_training)
     if count == 0:
