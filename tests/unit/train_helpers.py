@@ -23,6 +23,7 @@ TIMING_KEYS = {
     "training_seconds",
     "elapsed_tokens_per_second",
     "peak_memory_bytes",
+    "evaluation_peak_memory_bytes",
     "seconds",
     "mfu",
 }

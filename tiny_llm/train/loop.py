@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,10 @@ from tiny_llm.runtime.device import (
     compute_context,
     dispatched_attention_kernels,
     peak_memory_bytes,
+    pin_for,
+    reset_peak_memory,
     setup_runtime,
+    synchronize,
     uses_compile,
 )
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
@@ -58,6 +62,13 @@ class Progress:
     best_loss: float | None = None
     best_weights: str | None = None
     training_seconds: float = 0.0
+    elapsed_seconds: float = 0.0
+    """Wall time from the first update to the last saved state (or the final state), summed over every
+    session of the run: it includes subset validation and checkpoint writes, not the final full
+    validation nor start-up before a session's first update."""
+    peak_memory_bytes: int | None = None
+    """Training peak (the highest train row's); evaluation is measured apart."""
+    evaluation_peak_memory_bytes: int | None = None
     window: Window = field(default_factory=Window)
 
     @classmethod
@@ -85,6 +96,8 @@ class Trainer:
         self.session_updates = 0
         self.session_update_seconds = 0.0
         self.first_update_at: float | None = None
+        self.elapsed_mark: float | None = None
+        """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
         self.engine: Engine | None = None
         self.loader: TrainLoader | None = None
@@ -143,6 +156,7 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.progress = Progress.from_dict(state["progress"])
         self.metrics.truncate_to_step(self.progress.step)
+        self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
 
     def _write_environment(self) -> None:
         env = capture_environment(
@@ -174,6 +188,7 @@ class Trainer:
 
     def run(self) -> int:
         if self.progress.pending_epoch is not None:
+            self.elapsed_mark = time.perf_counter()  # validation left pending belongs to training time
             self.finish_epoch()
         while self.progress.step < len(self.schedule):
             if signals.stop_requested():
@@ -183,34 +198,44 @@ class Trainer:
         return EXIT_COMPLETE
 
     def update(self) -> None:
-        epoch, start_block, num_blocks = self.schedule[self.progress.step]
+        p, training = self.progress, self.recipe.training
+        epoch, start_block, num_blocks = self.schedule[p.step]
+        step = p.step + 1
+        epoch_end = p.blocks + num_blocks == self.budget.epoch_boundaries[epoch]
+        logs_row = step % training.log_every == 0 or epoch_end
+        saves = self.policy in ("interval", "all") and (epoch_end or step % training.checkpoint_every == 0)
+        if p.window.updates == 0 or self.first_update_at is None:
+            synchronize(self.device)  # a window's clock starts on an idle device ...
+            reset_peak_memory(self.device)  # ... and its peak memory with this window
         loader_state = self.loader.state_dict()
         started = time.perf_counter()
-        blocks = self.loader.next_blocks(num_blocks)
+        blocks = pin_for(self.loader.next_blocks(num_blocks), self.device)
         end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
         lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer)
         try:
-            stats = self.engine.train_step(blocks, lr, self.progress.step + 1)
+            stats = self.engine.train_step(blocks, lr, step)
         except UpdateAborted:
             self.loader.load_state_dict(loader_state)
             raise Interrupted() from None
+        if logs_row or saves:
+            synchronize(self.device)  # ... and stops when its last kernels are done, before untimed work
         seconds = time.perf_counter() - started
         self._account(stats.loss, stats.tokens, seconds, stats.grad_norm, num_blocks)
-        epoch_end = self.progress.blocks == self.budget.epoch_boundaries[epoch]
-        if self.progress.step % self.recipe.training.log_every == 0 or epoch_end:
+        if logs_row:
             self.log_train_row(epoch + 1, lr, stats.extra)
         if epoch_end:
-            self.progress.pending_epoch = epoch + 1
+            p.pending_epoch = epoch + 1
             self.finish_epoch()
-        if self.policy in ("interval", "all") and (
-            epoch_end or self.progress.step % self.recipe.training.checkpoint_every == 0
-        ):
+        if saves:
             self.save(checkpoint.LATEST)
 
     def _account(self, loss: float, tokens: int, seconds: float, grad_norm: float, blocks: int) -> None:
         p = self.progress
         if self.first_update_at is None:
             self.first_update_at = time.perf_counter() - seconds
+        if self.elapsed_mark is None:
+            self.elapsed_mark = self.first_update_at
+        self._tick_elapsed()
         p.step += 1
         p.blocks += blocks
         p.tokens += tokens
@@ -234,7 +259,7 @@ class Trainer:
             "tokens_per_second": tps,
             "training_seconds": p.training_seconds,
             "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
-            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_bytes": self._fold_training_peak(),
         }
         peak = peak_flops(device_name(self.device))
         if peak:
@@ -247,44 +272,82 @@ class Trainer:
         p.window = Window()
 
     def elapsed_tokens_per_second(self) -> float:
+        """Tokens this session / wall time since this session's first update."""
         if self.first_update_at is None:
             return 0.0
         return self.session_tokens / max(time.perf_counter() - self.first_update_at, 1e-9)
 
+    def _tick_elapsed(self) -> None:
+        """Add the wall time since the last tick to ``progress.elapsed_seconds`` while the clock runs."""
+        if self.elapsed_mark is not None:
+            now = time.perf_counter()
+            self.progress.elapsed_seconds += now - self.elapsed_mark
+            self.elapsed_mark = now
+
+    def _fold_training_peak(self) -> int:
+        """The current window's peak memory, folded into the run's training peak."""
+        peak = peak_memory_bytes(self.device)
+        self.progress.peak_memory_bytes = max(self.progress.peak_memory_bytes or 0, peak)
+        return peak
+
     # ------------------------------------------------------------------ epochs, evaluation, checkpoints
 
     def finish_epoch(self) -> None:
-        """Subset validation, best.json and per-epoch files for ``progress.pending_epoch``."""
+        """Subset validation, best and per-epoch files for ``progress.pending_epoch``.
+
+        The progress (epochs done, best) is updated before the epoch's state file is written, so
+        resuming from ``epoch-NNN.pt`` knows this epoch's result.
+        """
         p = self.progress
         epoch = p.pending_epoch
-        result = self.evaluate_subset()
-        self.metrics.append(self.validation_row("validation", epoch, result))
+        result, peak = self.evaluate_subset()
+        self.metrics.append(self.validation_row("validation", epoch, result, peak))
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
+        improved = p.best_loss is None or result.loss < p.best_loss
         p.epochs_done, p.pending_epoch = epoch, None
-        weights = None
-        if self.policy == "all":
-            weights = self.save_epoch_files(epoch)
-        if p.best_loss is None or result.loss < p.best_loss:
+        if improved:
+            weights = f"{checkpoint.epoch_stem(epoch)}.safetensors" if self.policy == "all" else None
             p.best_epoch, p.best_loss, p.best_weights = epoch, result.loss, weights
-            atomic_write_json(
-                self.run_dir / "best.json", {"epoch": epoch, "loss": result.loss, "weights": weights}
-            )
+        if self.policy == "all":
+            self.save_epoch_files(epoch)
+        if improved:
+            self._write_best()
 
-    def evaluate_subset(self) -> EvalResult:
+    def _write_best(self) -> None:
+        p = self.progress
+        if p.best_epoch is None:
+            (self.run_dir / "best.json").unlink(missing_ok=True)
+            return
+        best = {"epoch": p.best_epoch, "loss": p.best_loss, "weights": p.best_weights}
+        atomic_write_json(self.run_dir / "best.json", best)
+
+    def evaluate_subset(self) -> tuple[EvalResult, int]:
+        return self._evaluate(subset_batches(self.subset, self.recipe.evaluation.batch_size), "subset")
+
+    def _evaluate(
+        self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], split: str
+    ) -> tuple[EvalResult, int]:
+        """An evaluation pass and its own peak memory, kept apart from the training peak."""
+        reset_peak_memory(self.device)
         try:
-            return evaluate(
+            result = evaluate(
                 self.engine.eval_model(),
-                subset_batches(self.subset, self.recipe.evaluation.batch_size),
+                batches,
                 self.recipe,
                 self.device,
-                split="subset",
+                split=split,
                 validation_complete=self.cache.validation_complete,
                 should_stop=signals.stop_requested,
             )
         except EvaluationAborted:
             raise Interrupted() from None
+        peak = peak_memory_bytes(self.device)
+        p = self.progress
+        p.evaluation_peak_memory_bytes = max(p.evaluation_peak_memory_bytes or 0, peak)
+        reset_peak_memory(self.device)
+        return result, peak
 
-    def validation_row(self, event: str, epoch: int, result: EvalResult) -> dict[str, Any]:
+    def validation_row(self, event: str, epoch: int, result: EvalResult, peak: int) -> dict[str, Any]:
         return {
             "event": event,
             "step": self.progress.step,
@@ -296,9 +359,10 @@ class Trainer:
             "split": result.split,
             "validation_complete": result.validation_complete,
             "evaluation_tokens": result.tokens,
+            "evaluation_peak_memory_bytes": peak,
         }
 
-    def save_epoch_files(self, epoch: int) -> str:
+    def save_epoch_files(self, epoch: int) -> None:
         """epoch-NNN.safetensors + epoch-NNN.pt; immutable once written."""
         stem = checkpoint.epoch_stem(epoch)
         weights = self.run_dir / f"{stem}.safetensors"
@@ -306,9 +370,11 @@ class Trainer:
             self.engine.export_weights(weights)
         if not (self.run_dir / f"{stem}.pt").exists():
             self.save(f"{stem}.pt")
-        return weights.name
 
     def save(self, name: str, loader_state: dict[str, Any] | None = None) -> None:
+        self._tick_elapsed()
+        if self.progress.window.updates:  # an open window's peak so far (an interruption or checkpoint)
+            self._fold_training_peak()
         state = {
             "recipe_identity": self.identity,
             "identity_payload": recipe_identity_payload(self.recipe),
@@ -333,24 +399,14 @@ class Trainer:
     # ------------------------------------------------------------------ the end
 
     def finish(self) -> None:
+        self._tick_elapsed()
+        self.elapsed_mark = None  # elapsed time ends at the final state: the full validation is not in it
         if self.policy != "none":
             self.save(checkpoint.FINAL)
             self.engine.export_weights(self.run_dir / "final.safetensors")
-        try:
-            full = evaluate(
-                self.engine.eval_model(),
-                iter_validation(
-                    self.cache, self.recipe.model.context_length, self.recipe.evaluation.batch_size
-                ),
-                self.recipe,
-                self.device,
-                split="full",
-                validation_complete=self.cache.validation_complete,
-                should_stop=signals.stop_requested,
-            )
-        except EvaluationAborted:
-            raise Interrupted() from None
-        self.metrics.append(self.validation_row("final_validation", self.budget.num_epochs, full))
+        L, batch = self.recipe.model.context_length, self.recipe.evaluation.batch_size
+        full, peak = self._evaluate(iter_validation(self.cache, L, batch), "full")
+        self.metrics.append(self.validation_row("final_validation", self.budget.num_epochs, full, peak))
         self.log(f"final validation loss {full.loss:.4f} over {full.tokens} tokens")
         if self.policy == "final":
             (self.run_dir / checkpoint.LATEST).unlink(missing_ok=True)
@@ -358,8 +414,9 @@ class Trainer:
         atomic_write_json(self.run_dir / "result.json", self.result(full))
 
     def result(self, full: EvalResult) -> dict[str, Any]:
+        """Times and rates add up over every session of the run, except ``seconds_this_session``
+        (from the validation subset's preparation to now, the final full validation included)."""
         p = self.progress
-        wall = time.perf_counter() - (self.first_update_at or self.session_start)
         return {
             "parameters": self.budget.parameters,
             "tokens": p.tokens,
@@ -370,10 +427,11 @@ class Trainer:
             "final_validation": full.as_dict(),
             "seconds_this_session": time.perf_counter() - self.session_start,
             "training_seconds": p.training_seconds,
-            "training_elapsed_seconds": wall,
+            "training_elapsed_seconds": p.elapsed_seconds,
             "training_tokens_per_second": p.tokens / p.training_seconds if p.training_seconds else None,
-            "elapsed_tokens_per_second": self.session_tokens / wall if self.session_tokens else None,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "elapsed_tokens_per_second": p.tokens / p.elapsed_seconds if p.elapsed_seconds else None,
+            "peak_memory_bytes": p.peak_memory_bytes,
+            "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
             "recipe_identity": self.identity,
         }
 

@@ -1,0 +1,177 @@
+"""What result.json and the train rows report: elapsed time over resumes, training vs evaluation peak
+memory, timing windows that end on an idle device, and the best epoch in epoch state files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from train_helpers import small_recipe
+
+from tiny_llm.io import read_json
+from tiny_llm.runner import run_training
+from tiny_llm.runtime import signals
+from tiny_llm.train import checkpoint, loop
+from tiny_llm.train.engine import ModelEngine
+
+pytestmark = pytest.mark.slow
+SHORT = ("training.tokens_per_parameter=0.1", "training.epoch_tokens_per_parameter=0.04")  # 15 updates
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _wrap_train_step(monkeypatch: pytest.MonkeyPatch, before: Callable[[int], None]) -> None:
+    step = ModelEngine.train_step
+
+    def wrapped(self: ModelEngine, blocks: torch.Tensor, lr: float, n: int):  # noqa: ANN202
+        before(n)
+        return step(self, blocks, lr, n)
+
+    monkeypatch.setattr(ModelEngine, "train_step", wrapped)
+
+
+def _wrap_evaluate(monkeypatch: pytest.MonkeyPatch, after: Callable[[str, object], object]) -> None:
+    evaluate = loop.evaluate
+
+    def wrapped(*args: object, **kwargs: object) -> object:
+        return after(kwargs["split"], evaluate(*args, **kwargs))
+
+    monkeypatch.setattr(loop, "evaluate", wrapped)
+
+
+def test_elapsed_figures_exclude_the_final_validation_and_add_up_over_resumes(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every update 'takes' 10 s more, every subset validation 100 s, the full validation 10,000 s."""
+    clock = SimpleNamespace(offset=0.0)
+    fake_time = SimpleNamespace(perf_counter=lambda: time.perf_counter() + clock.offset)
+    monkeypatch.setattr(loop, "time", fake_time)
+
+    def slow_update(n: int) -> None:
+        clock.offset += 10.0
+
+    def slow_evaluation(split: str, result: object) -> object:
+        clock.offset += 10_000.0 if split == "full" else 100.0
+        return result
+
+    _wrap_train_step(monkeypatch, slow_update)
+    _wrap_evaluate(monkeypatch, slow_evaluation)
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "run")  # 28 updates, 3 epochs
+    account = loop.Trainer._account
+
+    def account_then_stop(self: loop.Trainer, *args: object) -> None:
+        account(self, *args)
+        if self.progress.step == 15:  # after the first epoch's validation
+            signals.request_stop()
+
+    started = time.perf_counter()
+    with monkeypatch.context() as mp:
+        mp.setattr(loop.Trainer, "_account", account_then_stop)
+        assert run_training(recipe, resume="auto", quiet=True) == 130
+    assert run_training(recipe, resume="auto", quiet=True) == 0
+    real = time.perf_counter() - started
+    result = read_json(tmp_path / "run" / "result.json")
+    assert 28 * 10 <= result["training_seconds"] < 28 * 10 + real
+    simulated = 28 * 10 + 3 * 100  # both sessions' updates and subset validations, no full validation
+    assert simulated <= result["training_elapsed_seconds"] < simulated + real
+    assert result["elapsed_tokens_per_second"] == pytest.approx(
+        result["tokens"] / result["training_elapsed_seconds"]
+    )
+    assert result["seconds_this_session"] >= 10_000  # this one includes the full validation
+    final = checkpoint.load_state(tmp_path / "run" / checkpoint.FINAL)
+    assert final["progress"]["elapsed_seconds"] == result["training_elapsed_seconds"]
+
+
+class FakeMemory:
+    """A peak-memory counter: training raises it to 100 + step, evaluations to 1,000 / 5,000."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+
+    def read(self, device: torch.device) -> int:
+        return self.peak
+
+    def reset(self, device: torch.device) -> None:
+        self.peak = 0
+
+    def raise_to(self, value: int) -> None:
+        self.peak = max(self.peak, value)
+
+
+@pytest.fixture
+def recorded_run(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, list[tuple]]:
+    """A run with fake peak memory and the loop's device synchronisations recorded between updates."""
+    memory, events = FakeMemory(), []
+    monkeypatch.setattr(loop, "peak_memory_bytes", memory.read)
+    monkeypatch.setattr(loop, "reset_peak_memory", memory.reset)
+    monkeypatch.setattr(loop, "synchronize", lambda device: events.append(("sync",)))
+
+    def training(n: int) -> None:
+        events.append(("update", n))
+        memory.raise_to(100 + n)
+
+    def evaluation(split: str, result: object) -> object:
+        memory.raise_to(5000 if split == "full" else 1000)
+        return result
+
+    _wrap_train_step(monkeypatch, training)
+    _wrap_evaluate(monkeypatch, evaluation)
+    run_dir = tmp_path / "run"
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT), quiet=True) == 0
+    return run_dir, events
+
+
+def test_training_and_evaluation_peaks_are_reported_apart(recorded_run: tuple[Path, list[tuple]]) -> None:
+    run_dir, _ = recorded_run
+    metrics = rows(run_dir)
+    train = [r for r in metrics if r["event"] == "train"]
+    assert train and all(r["peak_memory_bytes"] == 100 + r["step"] for r in train)
+    validation = [r for r in metrics if r["event"] != "train"]
+    assert [r["evaluation_peak_memory_bytes"] for r in validation] == [1000, 1000, 1000, 5000]
+    result = read_json(run_dir / "result.json")
+    assert result["peak_memory_bytes"] == 100 + result["step"]
+    assert result["evaluation_peak_memory_bytes"] == 5000
+
+
+def test_timing_windows_start_and_end_on_an_idle_device(recorded_run: tuple[Path, list[tuple]]) -> None:
+    run_dir, events = recorded_run
+    row_steps = [r["step"] for r in rows(run_dir) if r["event"] == "train"]
+    assert row_steps[-1] == 15
+    for step in row_steps:  # the window's last update is synchronised before its clock is read
+        assert events[events.index(("update", step)) + 1] == ("sync",)
+    for step in [1, *(s + 1 for s in row_steps[:-1])]:  # and its first starts on an idle device
+        assert events[events.index(("update", step)) - 1] == ("sync",)
+
+
+def test_epoch_state_files_know_their_epoch_and_best_never_gets_worse(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted: Iterator[float] = iter([5.0, 3.0, 4.0])  # epochs 1, 2, 3: the best is epoch 2
+
+    def subset_loss(split: str, result: object) -> object:
+        return dataclasses.replace(result, loss=next(scripted)) if split == "subset" else result
+
+    _wrap_evaluate(monkeypatch, subset_loss)
+    run_dir = tmp_path / "run"
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT, "training.checkpoint_policy=all")
+    assert run_training(recipe, quiet=True) == 0
+    for epoch, best in ((1, 1), (2, 2), (3, 2)):
+        progress = checkpoint.load_state(run_dir / f"epoch-{epoch:03d}.pt")["progress"]
+        assert (progress["epochs_done"], progress["best_epoch"]) == (epoch, best)
+    assert read_json(run_dir / "best.json") == {"epoch": 2, "loss": 3.0, "weights": "epoch-002.safetensors"}
+
+    scripted = iter([4.0])  # resumed from epoch 2's state, epoch 3 again scores 4.0
+    assert run_training(recipe, resume=str(run_dir / "epoch-002.pt"), quiet=True) == 0
+    assert read_json(run_dir / "best.json") == {"epoch": 2, "loss": 3.0, "weights": "epoch-002.safetensors"}
+    result = read_json(run_dir / "result.json")
+    assert (result["best_epoch"], result["best_subset_loss"]) == (2, 3.0)
