@@ -27,10 +27,10 @@ from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
 from tiny_llm.runner import build_engine
-from tiny_llm.runtime.device import autocast_dtype, peak_memory_bytes, setup_runtime, synchronize
+from tiny_llm.runtime.device import peak_memory_bytes, setup_runtime, synchronize
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
-from tiny_llm.runtime.mfu import Peak, device_peak, mfu
+from tiny_llm.runtime.mfu import Peak, device_peak, matmul_precision, mfu
 
 MEMORY_LIMIT_FRACTION = 0.9
 # Allocator settings that change CPU throughput a lot (see SPEC §10); recorded with the numbers.
@@ -315,8 +315,7 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
 def _add_mfu(recipe: RecipeConfig, device: torch.device, out: dict[str, Any]) -> None:
     if out["tokens_per_second"] is None:
         return
-    dtype = autocast_dtype(recipe, device) or torch.float32
-    peak: Peak | None = device_peak(device, dtype)
+    peak: Peak | None = device_peak(device, matmul_precision(recipe, device))
     if peak is not None:
         out["peak_flops_per_second"], out["peak_source"] = peak.flops_per_second, peak.source
     out["mfu"] = mfu(out["flops_per_token"], out["tokens_per_second"], peak)

@@ -36,7 +36,7 @@ from tiny_llm.runtime.device import (
 )
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
-from tiny_llm.runtime.mfu import peak_flops
+from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
@@ -261,7 +261,7 @@ class Trainer:
             "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
             "peak_memory_bytes": self._fold_training_peak(),
         }
-        peak = peak_flops(device_name(self.device))
+        peak = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
         if peak:
             row["mfu"] = tps * flops_per_token(self.recipe.model) / peak
         row.update({k: v for k, v in extra.items() if k not in row})
