@@ -10,6 +10,8 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from tiny_llm.errors import ConfigError, RunStateError
 
 # Lock files that keep parallel local jobs on different GPUs; held for the life of the process.
 _GPU_LOCKS: list[int] = []
+# Lock file -> its fd in _GPU_LOCKS, for the slots select_device took: a second call in the same process
+# (train, then evaluate) finds its own GPU, not a GPU taken by someone else.
+_HELD_GPU_LOCKS: dict[Path, int] = {}
 # Forcing one of these is a CUDA request; on the CPU `auto` already picks PyTorch's CPU flash kernel.
 GPU_KERNELS_ONLY = ("flash", "cudnn", "efficient")
 
@@ -33,21 +38,51 @@ def default_cpu_threads() -> int:
 
 
 def gpu_lock_dir() -> Path:
-    return Path(os.environ.get("TINY_LLM_GPU_LOCK_DIR", "/tmp/tiny-llm-gpu-locks"))
+    """TINY_LLM_GPU_LOCK_DIR, else a directory of this user's under the system temp directory.
+
+    Per user, so that no other user's directory or files (created with their umask) stand in the way on a
+    shared host; a Slurm job's GPU is its own anyway. Name one shared directory to coordinate users.
+    """
+    explicit = os.environ.get("TINY_LLM_GPU_LOCK_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(tempfile.gettempdir()) / f"tiny-llm-gpu-locks-{os.getuid()}"
+
+
+class GpuLocksUnavailable(OSError):
+    """The lock directory or a lock file cannot be created or opened (read-only, another user's)."""
+
+
+def _open_lock(path: Path) -> int:
+    """An fd to flock ``path`` with: read-write, else read-only (flock needs no write access)."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        try:
+            return os.open(path, os.O_RDONLY)  # another user's lock file in a shared directory
+        except OSError:
+            raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {path}") from exc
 
 
 def claim_first_free(lock_paths: Sequence[Path]) -> int | None:
-    """Take an exclusive flock on the first free lock file; return its index (fd kept open) or None."""
+    """Take an exclusive flock on the first free lock file; return its index (fd kept open) or None.
+
+    GpuLocksUnavailable when a lock file can be neither created nor opened.
+    """
     for index, path in enumerate(lock_paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # e.g. a read-only fd on a file system that locks by byte ranges (NFS)
+            os.close(fd)
+            raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {path}") from exc
+        with contextlib.suppress(OSError):  # the holder's pid, for people; read-only fds skip it
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         _GPU_LOCKS.append(fd)
         return index
     return None
@@ -58,31 +93,64 @@ def _gpu_lock_name(index: int) -> str:
     return f"gpu-{uuid or index}.lock"
 
 
+def _claim_gpu(indices: Sequence[int]) -> int | None:
+    """The first of ``indices`` whose slot this process holds or can take; None when others hold them all."""
+    paths = [gpu_lock_dir() / _gpu_lock_name(i) for i in indices]
+    for index, path in zip(indices, paths, strict=True):
+        if path in _HELD_GPU_LOCKS:
+            return index
+    found = claim_first_free(paths)
+    if found is None:
+        return None
+    _HELD_GPU_LOCKS[paths[found]] = _GPU_LOCKS[-1]
+    return indices[found]
+
+
 def select_device(requested: str) -> torch.device:
-    """'auto' -> CUDA when present (first free GPU when several are visible), else CPU."""
+    """'auto' -> CUDA when present (the first GPU no other tiny-llm process holds), else CPU.
+
+    Every CUDA device is taken through a lock file named by the GPU's UUID, also when one GPU is visible
+    (local jobs on a one-GPU machine; Slurm jobs see their own GPU as cuda:0, and the UUID tells them apart).
+    An explicit cuda:N takes its slot too, so that auto jobs keep off it; if another process holds it, the two
+    share it, as asked, with a warning. Where no lock can be made, the device is used uncoordinated (warning).
+    """
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(
             f"runtime.device: '{requested}' asked for CUDA but no GPU is visible; use cpu or auto"
         )
-    if requested.startswith("cuda:"):
-        index = int(requested[5:])
-        if index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"runtime.device: {requested} but only {torch.cuda.device_count()} GPU(s) visible"
-            )
-        return torch.device(requested)
     count = torch.cuda.device_count()
-    if count == 1:  # under Slurm each job sees only its own GPU
-        return torch.device("cuda:0")
-    index = claim_first_free([gpu_lock_dir() / _gpu_lock_name(i) for i in range(count)])
-    if index is None:
-        raise RunStateError(
-            f"all {count} visible GPUs are taken by other tiny-llm processes (locks in {gpu_lock_dir()}); "
-            "run fewer jobs at once or set runtime.device"
+    explicit = requested.startswith("cuda:")
+    if explicit:
+        index = int(requested[5:])
+        if index >= count:
+            raise ConfigError(f"runtime.device: {requested} but only {count} GPU(s) visible")
+        candidates = [index]
+    else:
+        candidates = list(range(count))
+    try:
+        claimed = _claim_gpu(candidates)
+    except GpuLocksUnavailable as exc:
+        print(
+            f"warning: GPU slots are not coordinated ({exc}); set TINY_LLM_GPU_LOCK_DIR to a writable "
+            "directory to keep parallel jobs on different GPUs",
+            file=sys.stderr,
         )
-    return torch.device(f"cuda:{index}")
+        return torch.device(f"cuda:{candidates[0]}")
+    if claimed is not None:
+        return torch.device(f"cuda:{claimed}")
+    if explicit:
+        print(
+            f"warning: {requested} is in use by another tiny-llm process (locks in {gpu_lock_dir()}); "
+            "sharing it as runtime.device asks",
+            file=sys.stderr,
+        )
+        return torch.device(requested)
+    raise RunStateError(
+        f"all {count} visible GPUs are taken by other tiny-llm processes (locks in {gpu_lock_dir()}); "
+        "run fewer jobs at once or set runtime.device"
+    )
 
 
 def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
@@ -127,9 +195,11 @@ def setup_runtime(recipe: RecipeConfig) -> torch.device:
         torch.backends.cudnn.benchmark = False
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        if not rt.deterministic:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        # TF32 for FP32 matmuls (IEEE when deterministic). Not the per-backend fp32_precision setters: in
+        # torch 2.13 one write through them makes torch.get_float32_matmul_precision() raise ("mix of the
+        # legacy and new APIs"), and Inductor's GEMM autotuning (max-autotune) reads it. This call sets both
+        # views alike (torch.backends.cuda.matmul.fp32_precision reads "tf32"), without a warning.
+        torch.set_float32_matmul_precision("highest" if rt.deterministic else "high")
     return device
 
 
