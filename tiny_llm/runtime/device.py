@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -212,11 +214,30 @@ def uses_compile(recipe: RecipeConfig) -> bool:
 
 
 def compile_loss(fn: Callable[..., torch.Tensor], recipe: RecipeConfig) -> Callable[..., torch.Tensor]:
-    """``fn`` under torch.compile with the recipe's compile_mode, or ``fn`` itself when not compiling."""
+    """``fn`` with the recipe's forced SDPA kernel entered inside it (``with_forced_kernel``), under
+    torch.compile with the recipe's compile_mode when compiling."""
+    fn = with_forced_kernel(fn, recipe)
     if not uses_compile(recipe):
         return fn
     mode = None if recipe.runtime.compile_mode == "default" else recipe.runtime.compile_mode
     return torch.compile(fn, mode=mode)
+
+
+def with_forced_kernel(fn: Callable[..., torch.Tensor], recipe: RecipeConfig) -> Callable[..., torch.Tensor]:
+    """``fn`` entering the recipe's forced SDPA kernel itself; ``fn`` unchanged for auto / the reference.
+
+    A compiled graph keeps the kernel it was traced with and does not guard on a restriction entered
+    around the call, so a forced kernel must be entered inside the compiled function, never only outside.
+    """
+    if forced_sdpa_kernel(recipe) is None:
+        return fn
+
+    @functools.wraps(fn)
+    def forced(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with sdpa_context(recipe):
+            return fn(*args, **kwargs)
+
+    return forced
 
 
 def uses_fused_optimizer(recipe: RecipeConfig, device: torch.device) -> bool:
@@ -240,11 +261,17 @@ def compute_context(recipe: RecipeConfig, device: torch.device) -> Iterator[None
         yield
 
 
+def forced_sdpa_kernel(recipe: RecipeConfig) -> str | None:
+    """The SDPA kernel the recipe forces; None for auto or the reference attention (which has no SDPA)."""
+    if recipe.runtime.sdpa_backend == "auto" or uses_reference_attention(recipe):
+        return None
+    return recipe.runtime.sdpa_backend
+
+
 def sdpa_context(recipe: RecipeConfig) -> contextlib.AbstractContextManager[None]:
     """The forced SDPA kernel of the recipe, or nothing for auto / the reference attention."""
-    if recipe.runtime.sdpa_backend == "auto" or uses_reference_attention(recipe):
-        return contextlib.nullcontext()
-    return sdpa_restriction(recipe.runtime.sdpa_backend)
+    kernel = forced_sdpa_kernel(recipe)
+    return contextlib.nullcontext() if kernel is None else sdpa_restriction(kernel)
 
 
 def sdpa_restriction(backend: str) -> contextlib.AbstractContextManager[None]:
