@@ -1,0 +1,31 @@
+"""pyproject's torch floor covers the newest torch API the library calls (a table of the ones that set it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# API the library uses -> the first torch release that has it.
+FIRST_RELEASE = {
+    "get_total_norm": (2, 6),
+    "clip_grads_with_norm_": (2, 6),
+    "_fused_adamw_": (2, 4),  # on CPU tensors too (the packed optimizer)
+    "sdpa_kernel": (2, 3),
+    "CUDNN_ATTENTION": (2, 3),
+}
+
+
+def torch_floor() -> tuple[int, int]:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    major, minor = re.search(r'^\s*"torch>=(\d+)\.(\d+)', pyproject, re.M).groups()
+    return int(major), int(minor)
+
+
+def test_torch_floor_covers_the_apis_the_library_calls() -> None:
+    source = "\n".join(p.read_text() for p in (REPO / "tiny_llm").rglob("*.py"))
+    used = {api: version for api, version in FIRST_RELEASE.items() if re.search(rf"\b{api}\b", source)}
+    assert "get_total_norm" in used  # the table still describes the code
+    needed = max(used.values())
+    assert torch_floor() >= needed, f"pyproject says torch>={torch_floor()}, the code needs {needed}: {used}"
