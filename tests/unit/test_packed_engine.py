@@ -56,7 +56,7 @@ def test_packed_without_mixing_equals_independent_ordinary_models():
             ref = model.train_step(blocks[i::2], lr, step + 1)
             assert stats.extra["local_losses"][i] == pytest.approx(ref.loss, rel=1e-6, abs=1e-6)
             assert stats.extra["local_grad_norms"][i] == pytest.approx(ref.grad_norm, rel=1e-5)
-        assert stats.extra["mixing_gamma"] == 0.0
+        assert stats.extra["mixing_gamma"] == 0.0 and stats.extra["mixing_step"] is None
         assert stats.tokens == 512 and stats.extra["tokens_per_model"] == 256
     for i, model in enumerate(ordinary):
         for name, param in model.model.named_parameters():
@@ -130,6 +130,24 @@ def test_mixing_follows_the_topology_each_step():
     engine.model.arena.copy_(rows.expand_as(engine.model.arena))
     engine.mix_params(update=1, gamma=1.0)  # exponential, N=4, second update: offset 2
     torch.testing.assert_close(engine.model.arena[:, 0], torch.tensor([1.0, 2.0, 1.0, 2.0]))
+
+
+def test_step_stats_name_the_mixing_step():
+    engine = PackedEngine(load_recipe(["packed4-tiny"]), CPU)  # exponential, N=4: offsets 1, 2, 1, ...
+    assert engine.mixing_facts(update=1, gamma=1.0) == {
+        "mixing_step": 1,
+        "mixing_peer_offset": 2,
+        "consensus_active": False,
+    }
+    assert engine.mixing_facts(update=2, gamma=0.0)["mixing_step"] is None  # gamma 0: nothing mixed
+    complete = PackedEngine(packed_recipe("decentralized.topology=complete"), CPU)
+    assert complete.mixing_facts(update=3, gamma=1.0)["mixing_peer_offset"] is None
+    adaptive = PackedEngine(packed_recipe("decentralized.adaptive_consensus={start_frac: 0.5, p: 1.0}"), CPU)
+    start = adaptive.consensus.start_step
+    assert not adaptive.mixing_facts(start - 1, 1.0)["consensus_active"]
+    assert adaptive.mixing_facts(start, 0.5)["consensus_active"]
+    stats = adaptive.train_step(batches(adaptive.recipe, 1)[0], 1e-3, 1)
+    assert stats.extra["mixing_step"] == 0 and stats.extra["mixing_peer_offset"] == 1
 
 
 def test_per_worker_clipping_in_the_engine():

@@ -15,6 +15,7 @@ from tiny_llm.errors import RunStateError
 from tiny_llm.packed.engine import PackedEngine
 from tiny_llm.runner import evaluate_checkpoint, run_training
 from tiny_llm.runtime import signals
+from tiny_llm.runtime.device import dispatched_attention_kernels
 
 SETS = [
     "training.tokens_per_parameter=0.125",
@@ -51,6 +52,22 @@ def test_packed_run_logs_workers_and_exports_average_and_nodes(straight_run):
     assert not torch.equal(
         nodes[0]["embed.weight"], nodes[1]["embed.weight"]
     )  # one-peer mixing keeps them apart
+
+
+def test_packed_run_records_its_workers_mixing_and_attention_kernels(straight_run):
+    result = json.loads((straight_run / "result.json").read_text())
+    assert result["num_models"] == 4 and result["tokens_per_model"] * 4 == result["tokens"]
+    assert (result["topology"], result["scheme"]) == ("one_peer_exponential", "awc")
+    train = [r for r in metric_rows(straight_run) if r["event"] == "train"]
+    for row in train:  # exponential, N=4: peer offsets 1, 2, 1, 2, ... by 0-based update
+        update = row["step"] - 1
+        assert row["mixing_step"] == update and row["mixing_peer_offset"] == 1 << (update % 2)
+        assert row["consensus_active"] is False
+    recorded = json.loads((straight_run / "environment.json").read_text())["attention_kernels"]
+    engine = PackedEngine(load_recipe([str(straight_run / "resolved.yaml")]), torch.device("cpu"))
+    blocks = torch.randint(0, engine.recipe.model.vocab_size, (16, engine.recipe.model.context_length + 1))
+    executed = dispatched_attention_kernels(lambda: engine.train_step(blocks, 1e-3, 1))
+    assert recorded == executed and any("scaled_dot_product" in k for k in recorded)
 
 
 def test_evaluate_on_a_packed_checkpoint_uses_the_average(straight_run):

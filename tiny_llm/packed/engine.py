@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from tiny_llm.budget import lr_at, make_budget
 from tiny_llm.config import RecipeConfig
-from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_
+from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_, peer_offset
 from tiny_llm.packed.model import PackedLlama, local_losses
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_, clip_rows_, needs_clipping, worker_norms
 from tiny_llm.runtime.device import (
     compile_loss,
     compute_context,
+    dispatched_attention_kernels,
     uses_fused_optimizer,
     uses_reference_attention,
 )
@@ -93,8 +96,12 @@ class PackedEngine:
         """Gradients of sum_i (worker i's mean CE) into the gradient arena; return the N local losses."""
         workers = split_workers(blocks.to(self.device, non_blocking=True), self.num_models)
         self.model.grad_arena.zero_()
-        # Full updates run compiled; a short epoch-ending one runs eagerly instead of recompiling.
+        # Full updates run compiled (the forced SDPA kernel inside the compiled function, see compile_loss);
+        # a short epoch-ending one runs eagerly instead of recompiling.
         loss_fn = self._compiled_loss if workers.shape[1] == self.micro_batch_size else self._loss
+        return self._backward(loss_fn, workers)
+
+    def _backward(self, loss_fn: Callable[..., torch.Tensor], workers: torch.Tensor) -> torch.Tensor:
         with compute_context(self.recipe, self.device):
             local = loss_fn(workers[..., :-1], workers[..., 1:])
         with warnings.catch_warnings():
@@ -147,8 +154,51 @@ class PackedEngine:
             "local_grad_norms": norm_list,
             "tokens_per_model": tokens // self.num_models,
             "mixing_gamma": gamma,
+            **self.mixing_facts(update, gamma),
         }
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=tokens, extra=extra)
+
+    def mixing_facts(self, update: int, gamma: float) -> dict[str, Any]:
+        """What the mixing of 0-based update ``update`` did, for the train rows.
+
+        mixing_step: the update whose matrix W_t was applied (None when nothing was mixed: gamma 0);
+        mixing_peer_offset: worker i averaged with worker (i - offset) mod N (None for complete mixing);
+        consensus_active: adaptive consensus sets gamma from this update on (start_frac reached).
+        """
+        mixed = gamma > 0.0
+        one_peer = mixed and self.topology != "complete"
+        return {
+            "mixing_step": update if mixed else None,
+            "mixing_peer_offset": peer_offset(self.topology, self.num_models, update) if one_peer else None,
+            "consensus_active": self.consensus is not None and update >= self.consensus.start_step,
+        }
+
+    # ------------------------------------------------------------------ what the run records
+
+    def attention_kernels(self) -> list[str]:
+        """The attention operators the update dispatches, for environment.json: one profiled eager
+        forward+backward of the training loss on one block per worker, under the update's compute context
+        (as the trainer probes an ordinary model); the gradients are discarded.
+
+        Eager, so the probe compiles nothing and compile time stays in the first update's window. A
+        compiled update selects its SDPA kernel the same way (a forced one is entered inside the compiled
+        function); where inductor generates the attention itself (on the CPU, from the math
+        decomposition) no SDPA operator runs at all.
+        """
+        length = self.recipe.model.context_length
+        workers = torch.zeros(self.num_models, 1, length + 1, dtype=torch.long, device=self.device)
+        kernels = dispatched_attention_kernels(lambda: self._backward(self._loss, workers))
+        self.model.grad_arena.zero_()
+        return kernels
+
+    def result_fields(self, tokens: int) -> dict[str, Any]:
+        """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""
+        return {
+            "num_models": self.num_models,
+            "tokens_per_model": tokens // self.num_models,
+            "topology": self.topology,
+            "scheme": self.scheme,
+        }
 
     # ------------------------------------------------------------------ evaluation and state
 

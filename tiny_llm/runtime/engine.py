@@ -4,6 +4,12 @@ An engine performs one optimizer update from a batch of token blocks. The ordina
 engine (``tiny_llm.train.engine.ModelEngine``) and the packed one
 (``tiny_llm.packed.engine.PackedEngine``) both implement ``Engine``; which one a recipe
 gets is decided by ``tiny_llm.runner.build_engine``.
+
+Two optional methods add to what a run records; the training loop uses them where an engine has
+them: ``attention_kernels() -> list[str]``, the attention operators its update dispatches, for
+environment.json (without it the loop probes ``eval_model()``), and ``result_fields(tokens) -> dict``,
+extra result.json fields given the run's tokens (the packed engine: num_models, tokens_per_model,
+topology, scheme).
 """
 
 from __future__ import annotations

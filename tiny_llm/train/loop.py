@@ -171,6 +171,8 @@ class Trainer:
 
     def _attention_kernels(self) -> list[str]:
         """One profiled eager forward+backward on a single block; gradients are discarded."""
+        if hasattr(self.engine, "attention_kernels"):  # an engine that probes its own update (packed)
+            return self.engine.attention_kernels()
         model = self.engine.eval_model()
         if not isinstance(model, torch.nn.Module) or self.recipe.decentralized is not None:
             return []
@@ -433,6 +435,7 @@ class Trainer:
             "peak_memory_bytes": p.peak_memory_bytes,
             "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
             "recipe_identity": self.identity,
+            **(self.engine.result_fields(p.tokens) if hasattr(self.engine, "result_fields") else {}),
         }
 
     def _write_status(self, status: str, **extra: Any) -> None:
