@@ -6,6 +6,7 @@
 - ``comparison.json``: one row per run {run, stage, preset, parameters, lr,
   weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes};
 - ``report.md``: the same rows as a Markdown table;
+- ``table.html``: that table as a standalone HTML page (the Snakemake HTML report shows it rendered);
 - ``learning-curves.png``: subset validation loss vs training tokens, one panel per size;
 - ``selected-<size>.yaml``: the complete recipe of each size's best run.
 
@@ -20,6 +21,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
+from html import escape
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,14 @@ import yaml
 
 from tiny_llm.campaign import RunOutcome, final_loss, rank_key
 from tiny_llm.errors import DataError
-from tiny_llm.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
 
 GIB = 1024**3
 TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
+TABLE_NOTE = (
+    "Final loss = full validation loss after the last epoch (nats per token); "
+    "Median tok/s = median of the logged training windows; rows by stage, then rank."
+)
 SHAPE_KEYS = ("vocab_size", "num_layers", "width", "num_heads", "ffn_width", "context_length")
 
 
@@ -252,10 +258,7 @@ def best_per_size(records: list[RunRecord]) -> dict[str, RunRecord]:
 
 def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
     lines = ["# Run comparison", ""]
-    lines.append(
-        "Final loss = full validation loss after the last epoch (nats per token); "
-        "Median tok/s = median of the logged training windows; rows by stage, then rank."
-    )
+    lines.append(TABLE_NOTE)
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r.row())) + " |" for r in records]
     diverged = [r.run for r in records if r.status == "diverged"]
@@ -268,32 +271,169 @@ def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
     return "\n".join(lines)
 
 
-def plot_curves(records: list[RunRecord], path: Path) -> None:
-    """Subset validation loss vs training tokens, one panel per size."""
+TABLE_CSS = """
+body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; white-space: nowrap; }
+th { background: #f0f0f0; text-align: left; border-bottom: 2px solid #bbb; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.best td { font-weight: 600; }
+tr.diverged td { color: #999; font-style: italic; }
+tr.stage td { background: #fafafa; color: #555; font-weight: 600; border-bottom: 1px solid #bbb; }
+p.note { color: #555; max-width: 60em; }
+"""
+
+
+def table_html(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
+    """The report.md table as a standalone HTML page (what the Snakemake HTML report embeds)."""
+    best_runs = {rec.run for rec in best.values()}
+    numeric = [False] + [True] * (len(TABLE_HEADER) - 1)
+    head = "".join(
+        f'<th class="num">{escape(h)}</th>' if num else f"<th>{escape(h)}</th>"
+        for h, num in zip(TABLE_HEADER, numeric, strict=True)
+    )
+    body = []
+    stages = {r.stage for r in records}
+    current: object = object()
+    for rec in records:
+        if len(stages) > 1 and rec.stage != current:
+            current = rec.stage
+            body.append(
+                f'<tr class="stage"><td colspan="{len(TABLE_HEADER)}">{escape(rec.stage or "-")}</td></tr>'
+            )
+        cells = "".join(
+            f'<td class="num">{escape(c)}</td>' if num else f"<td>{escape(c)}</td>"
+            for c, num in zip(table_cells(rec.row()), numeric, strict=True)
+        )
+        kind = "best" if rec.run in best_runs else "diverged" if rec.status == "diverged" else ""
+        body.append(f'<tr class="{kind}">{cells}</tr>' if kind else f"<tr>{cells}</tr>")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>Run comparison</title>',
+        f"<style>{TABLE_CSS}</style></head><body>",
+        "<h1>Run comparison</h1>",
+        f'<p class="note">{escape(TABLE_NOTE)} Bold: the best run of each size.</p>',
+        f"<table><thead><tr>{head}</tr></thead><tbody>",
+        *body,
+        "</tbody></table>",
+    ]
+    diverged = [r.run for r in records if r.status == "diverged"]
+    if diverged:
+        parts.append(f"<p>Diverged (non-finite loss; ranked last): {escape(', '.join(diverged))}.</p>")
+    parts.append("<h2>Best run per size</h2><ul>")
+    for size, rec in best.items():
+        parts.append(
+            f"<li>{escape(size)}: <code>{escape(rec.run)}</code> (loss {_fmt(rec.loss, 'loss')}) "
+            f"&rarr; <code>selected-{escape(size)}.yaml</code></li>"
+        )
+    parts += ["</ul>", "</body></html>", ""]
+    return "\n".join(parts)
+
+
+# Recipe keys that tell runs apart in a legend, with their short names; other keys go by their last part.
+SHORT_KEYS = {
+    "optimizer.lr": "lr",
+    "optimizer.weight_decay": "wd",
+    "optimizer.beta1": "β1",
+    "optimizer.beta2": "β2",
+    "optimizer.lr_schedule": "schedule",
+    "optimizer.warmup_fraction": "warmup",
+    "training.tokens_per_parameter": "tokens/param",
+    "decentralized.num_models": "N",
+}
+# Settings of where and how fast a run executes or is evaluated, not of what it learns (runtime.seed is kept).
+IGNORED_KEYS = re.compile(
+    r"runtime\.(?!seed$).*|data\.(cache_dir|prefetch|buffer_size_mib|tokenize_batch_size)|evaluation\..*"
+)
+MAX_LABEL_KEYS = 3
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def differing_keys(recipes: list[dict[str, Any]]) -> list[str]:
+    """Dotted recipe keys whose value is not the same in all ``recipes`` (runtime placement ignored).
+
+    The SHORT_KEYS come first, in their order (lr, wd, β1, β2, ...); other keys follow in recipe order.
+    """
+    flats = [_flatten(r) for r in recipes]
+    keys = list(dict.fromkeys(k for flat in flats for k in flat))
+    found = [k for k in keys if not IGNORED_KEYS.fullmatch(k) and len({repr(f.get(k)) for f in flats}) > 1]
+    known = list(SHORT_KEYS)
+    return sorted(found, key=lambda k: known.index(k) if k in known else len(known))
+
+
+def _short_name(key: str) -> str:
+    return SHORT_KEYS.get(key, key.rsplit(".", 1)[-1])
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, float):
+        return _fmt(value, "num")
+    return "-" if value is None else str(value)
+
+
+def run_labels(records: list[RunRecord]) -> dict[str, str]:
+    """Run id -> legend label naming what differs between ``records`` ("lr=0.001, wd=0.1").
+
+    Falls back to the run id when a recipe is missing, nothing differs, more than MAX_LABEL_KEYS keys
+    differ, or two runs would get the same label.
+    """
+    ids = {r.run: r.run for r in records}
+    if len(records) < 2 or not all(r.recipe for r in records):
+        return ids
+    keys = differing_keys([r.recipe for r in records])
+    if not keys or len(keys) > MAX_LABEL_KEYS:
+        return ids
+    labels = {}
+    for rec in records:
+        flat = _flatten(rec.recipe)
+        labels[rec.run] = ", ".join(f"{_short_name(k)}={_label_value(flat.get(k))}" for k in keys)
+    return labels if len(set(labels.values())) == len(labels) else ids
+
+
+def draw_curves(records: list[RunRecord]) -> Any:
+    """Subset validation loss vs training tokens, one panel per size, each legend beside its panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tiny_llm.plotting import compact_axis, line_styles
+
     sizes = list(dict.fromkeys(r.preset for r in records))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.0 * len(sizes), 4.0), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sizes), figsize=(6.5 * len(sizes), 4.2), squeeze=False, layout="constrained"
+    )
     for ax, size in zip(axes[0], sizes, strict=True):
-        for rec in (r for r in records if r.preset == size):
-            if rec.curve:
-                tokens, losses = zip(*rec.curve, strict=True)
-                ax.plot(tokens, losses, marker=".", label=rec.run)
-        ax.set_title(size)
+        plotted = [r for r in records if r.preset == size and r.curve]
+        labels = run_labels(plotted)
+        for rec, style in zip(plotted, line_styles(len(plotted)), strict=True):
+            tokens, losses = zip(*rec.curve, strict=True)
+            ax.plot(tokens, losses, label=labels[rec.run], **style)
+        ax.set_title(f"{size} ({len(plotted)} run{'s' if len(plotted) != 1 else ''})")
         ax.set_xlabel("training tokens")
-        ax.set_ylabel("subset validation loss")
+        ax.set_ylabel("subset validation loss (nats/token)")
+        compact_axis(ax.xaxis)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.render.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, tmp.read_bytes())
-    tmp.unlink()
+        if plotted:
+            ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def plot_curves(records: list[RunRecord], path: Path) -> None:
+    """Write draw_curves' figure to ``path`` (PNG)."""
+    from tiny_llm.plotting import save_png
+
+    save_png(draw_curves(records), path)
 
 
 def selected_yaml(rec: RunRecord, size: str) -> str:
@@ -326,4 +466,5 @@ def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | N
     for size, rec in best.items():
         atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(rec, size))
     atomic_write_text(out / "report.md", markdown(records, best))
+    atomic_write_text(out / "table.html", table_html(records, best))
     return {"runs": len(rows), "best": {size: rec.run for size, rec in best.items()}, "output_dir": str(out)}

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from html.parser import HTMLParser
 from pathlib import Path
 
+import matplotlib
 import pytest
 import yaml
 
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe, recipe_to_dict
 from tiny_llm.errors import DataError
-from tiny_llm.report import GIB, TABLE_HEADER, collect_runs, write_report
+from tiny_llm.report import (
+    GIB,
+    TABLE_HEADER,
+    collect_runs,
+    differing_keys,
+    draw_curves,
+    run_labels,
+    table_cells,
+    write_report,
+)
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def make_run(
@@ -147,3 +162,90 @@ def test_missing_runs_or_required_size_are_clear_errors(runs, tmp_path):
         collect_runs(tmp_path / "nowhere")
     with pytest.raises(DataError, match="size\\(s\\) l"):
         write_report(runs, tmp_path / "out", ["s", "l"])
+
+
+def test_run_labels_name_what_differs_between_the_plotted_runs(runs):
+    records = collect_runs(runs)
+    small = [r for r in records if r.preset == "s"]
+    assert run_labels(small) == {
+        "s-lr0.0003-wd0": "lr=0.0003, wd=0",
+        "s-lr0.001-wd0.1": "lr=0.001, wd=0.1",
+        "s-lr0.003-wd0.1": "lr=0.003, wd=0.1",
+    }  # runtime.output_dir differs too, but says nothing about the run
+    medium = [r for r in records if r.preset == "m"]
+    assert run_labels(medium)["m-parent0"] == "lr=0.0003, wd=0, β2=0.99"
+    same_lr = [r for r in small if r.weight_decay == 0.1]
+    assert list(run_labels(same_lr).values()) == ["lr=0.001", "lr=0.003"]
+    # nothing differs, a single run, too many differences or a missing recipe: the run ids
+    twin = [small[1], replace(small[1], run="twin")]
+    assert run_labels(twin) == {"s-lr0.001-wd0.1": "s-lr0.001-wd0.1", "twin": "twin"}
+    assert run_labels(small[:1]) == {"s-lr0.0003-wd0": "s-lr0.0003-wd0"}
+    assert run_labels([small[1], medium[1]])["m-parent0"] == "m-parent0"  # layers, lr, wd and β2 differ
+    assert run_labels([small[0], replace(small[1], recipe={})])["s-lr0.0003-wd0"] == "s-lr0.0003-wd0"
+    assert differing_keys([{"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": None}]) == ["a.c"]
+
+
+def test_curves_keep_legends_off_the_data_and_identical_runs_apart(runs):
+    records = collect_runs(runs)
+    twin = replace(records[1], run="s-twin")  # the same curve as s-lr0.001-wd0.1
+    twin.recipe = {**twin.recipe, "runtime": {**twin.recipe["runtime"], "seed": 7}}
+    fig = draw_curves([*records, twin])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    try:
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+            lines = ax.get_lines()
+            assert len(
+                {(line.get_marker(), line.get_linestyle(), line.get_color()) for line in lines}
+            ) == len(lines)
+        texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert texts == [
+            "lr=0.0003, wd=0, seed=42",
+            "lr=0.001, wd=0.1, seed=42",
+            "lr=0.003, wd=0.1, seed=42",
+            "lr=0.001, wd=0.1, seed=7",
+        ]
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+        assert labels and all(re.fullmatch(r"-?[\d.]+[kMB]?", label) for label in labels), labels
+    finally:
+        plt.close(fig)
+
+
+class _TableParser(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append("")
+
+    def handle_endtag(self, tag):
+        self.tags.append(f"/{tag}")
+
+    def handle_data(self, data):
+        if self.rows and self.rows[-1] and self.tags and self.tags[-1] in ("td", "th"):
+            self.rows[-1][-1] += data
+
+
+def test_table_html_is_the_markdown_table_rendered(runs, tmp_path):
+    out = tmp_path / "report"
+    write_report(runs, out)
+    page = (out / "table.html").read_text(encoding="utf-8")
+    parser = _TableParser()
+    parser.feed(page)
+    assert "table" in parser.tags and "pre" not in parser.tags
+    header, *body = parser.rows
+    assert header == list(TABLE_HEADER)
+    runs_rows = [cells for cells in body if len(cells) == len(TABLE_HEADER)]  # stage rows span the table
+    assert [cells[0] for cells in body if len(cells) == 1] == ["stage1", "stage2"]
+    assert runs_rows == parse_table((out / "report.md").read_text())
+    assert runs_rows == [table_cells(row) for row in json.loads((out / "comparison.json").read_text())]
+    assert '<tr class="best"><td>s-lr0.0003-wd0</td>' in page and '<tr class="diverged"><td>m-parent2' in page
+    assert "Diverged (non-finite loss; ranked last): m-parent2." in page
