@@ -232,3 +232,43 @@ def test_later_slot_needs_earlier_results(tmp_path: Path, fake):
     plan = make_plan(gpu_profile(), worker_command=fake())
     with pytest.raises(RunStateError, match="s1-m8-eager"):
         tuner.run_candidate(plan, "s2-r0-flash", tmp_path / "out")
+
+
+def test_throughput_plot_has_a_legend_for_each_kind_of_candidate():
+    import matplotlib.pyplot as plt
+
+    def candidate(name, stage, status, rate=None, reused=None):
+        return {
+            "name": name,
+            "stage": stage,
+            "stage_name": f"stage {stage}",
+            "status": status,
+            "tokens_per_second": rate,
+            "reused_from": reused,
+        }
+
+    candidates = [
+        candidate("s1-a", 1, "ok", 45_000.0),
+        candidate("s1-b", 1, "ok", 61_000.0),
+        candidate("s2-a", 2, "ok", 61_000.0, reused="s1-b"),
+        candidate("s2-b", 2, "skipped_budget"),
+    ]
+    summary = {"profile": "demo", "candidates": candidates, "selected": {"name": "s1-b"}}
+    assert tuner.candidate_kinds(candidates[2], "s1-b") == ["measured", "reused (= earlier candidate)"]
+    fig = tuner.draw_summary(summary)
+    try:
+        (legend,) = fig.legends
+        assert [t.get_text() for t in legend.get_texts()] == [
+            "selected",
+            "measured",
+            "reused (= earlier candidate)",
+            "skipped (budget)",
+        ]
+        fig.canvas.draw()
+        assert [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()][:2] == ["0", "20k"]
+    finally:
+        plt.close(fig)
+    candidates.append(candidate("s2-c", 2, "timeout"))
+    fig = tuner.draw_summary(summary)
+    assert "timed out" in [t.get_text() for t in fig.legends[0].get_texts()]
+    plt.close(fig)

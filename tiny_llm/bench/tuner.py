@@ -353,37 +353,115 @@ def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
     return select(plan, results_dir)
 
 
-def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
-    """Candidate throughput per stage; failed/skipped candidates at zero, reused ones hatched."""
+# How plot_summary draws each kind of candidate; a candidate that measured nothing gets a marker at zero.
+CANDIDATE_KINDS: dict[str, dict[str, Any]] = {
+    "selected": {"bar": "tab:green"},
+    "measured": {"bar": "tab:blue"},
+    "reused (= earlier candidate)": {"bar": "tab:blue", "hatch": "//"},
+    "skipped (budget)": {"marker": "x", "color": "0.45"},
+    "skipped (no parent)": {"marker": "o", "color": "0.45"},
+    "failed": {"marker": "X", "color": "tab:red"},
+    "timed out": {"marker": "v", "color": "tab:red"},
+}
+_STATUS_KINDS = {
+    "skipped_budget": "skipped (budget)",
+    "skipped": "skipped (no parent)",
+    "timeout": "timed out",
+}
+
+
+def candidate_kinds(candidate: dict[str, Any], selected: str | None) -> list[str]:
+    """The CANDIDATE_KINDS a candidate shows as: its bar or zero marker, plus the reuse hatch."""
+    if candidate["status"] != "ok":
+        kinds = [_STATUS_KINDS.get(candidate["status"], "failed")]
+    else:
+        kinds = ["selected" if candidate["name"] == selected else "measured"]
+    if candidate.get("reused_from"):
+        kinds.append("reused (= earlier candidate)")
+    return kinds
+
+
+def draw_summary(summary: dict[str, Any]) -> Any:
+    """The tuning figure: candidate throughput per stage, with a legend of the kinds of candidate shown."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from tiny_llm.plotting import compact_axis
 
     candidates = summary["candidates"]
     stages = sorted({c["stage"] for c in candidates})
-    fig, axes = plt.subplots(1, len(stages), figsize=(3.2 * len(stages) + 1, 4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1,
+        len(stages),
+        figsize=(3.2 * len(stages) + 1, 4.6),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
     selected = (summary.get("selected") or {}).get("name")
+    shown: set[str] = set()
     for ax, stage in zip(axes[0], stages, strict=True):
         rows = [c for c in candidates if c["stage"] == stage]
-        values = [c["tokens_per_second"] or 0.0 if c["status"] == "ok" else 0.0 for c in rows]
-        colors = ["tab:green" if c["name"] == selected else "tab:blue" for c in rows]
-        bars = ax.bar(range(len(rows)), values, color=colors)
-        for bar, c in zip(bars, rows, strict=True):
-            note = (
-                c["status"] if c["status"] != "ok" else (f"= {c['reused_from']}" if c["reused_from"] else "")
-            )
-            if c["reused_from"]:
-                bar.set_hatch("//")
+        for x, c in enumerate(rows):
+            kinds = candidate_kinds(c, selected)
+            shown.update(kinds)
+            style = CANDIDATE_KINDS[kinds[0]]
+            reused = len(kinds) > 1
+            if "bar" in style:
+                ax.bar(x, c["tokens_per_second"] or 0.0, color=style["bar"], hatch="//" if reused else None)
+            else:
+                ax.plot(
+                    x, 0, linestyle="none", marker=style["marker"], color=style["color"], ms=9, clip_on=False
+                )
+            note = kinds[0] if "marker" in style else f"= {c['reused_from']}" if reused else ""
             if note:
-                ax.text(bar.get_x() + bar.get_width() / 2, 0, note, rotation=90, ha="center", va="bottom")
+                ax.annotate(
+                    note,
+                    (x, 0),
+                    xytext=(0, 8),
+                    textcoords="offset points",
+                    rotation=90,
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    bbox={
+                        "boxstyle": "round,pad=0.2",
+                        "facecolor": "white",
+                        "edgecolor": "none",
+                        "alpha": 0.85,
+                    },
+                )
         ax.set_xticks(range(len(rows)), [c["name"].split("-", 1)[1] for c in rows], rotation=60, ha="right")
         ax.set_title(f"stage {stage}: {rows[0]['stage_name']}")
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        compact_axis(ax.yaxis)
     axes[0][0].set_ylabel("tokens/s (median window)")
     fig.suptitle(f"tuning {summary['profile']} (selected: {selected})")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    handles = []
+    for kind, style in CANDIDATE_KINDS.items():
+        if kind not in shown:
+            continue
+        if "bar" in style:
+            hatch = style.get("hatch")
+            handles.append(
+                Patch(facecolor=style["bar"], hatch=hatch, edgecolor="white" if hatch else None, label=kind)
+            )
+        else:
+            handles.append(
+                Line2D([], [], linestyle="none", marker=style["marker"], color=style["color"], label=kind)
+            )
+    fig.legend(
+        handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False
+    )
+    return fig
+
+
+def plot_summary(summary: dict[str, Any], path: str | Path) -> None:
+    """Write draw_summary's figure to ``path`` (PNG)."""
+    from tiny_llm.plotting import save_png
+
+    save_png(draw_summary(summary), path, dpi=100)
