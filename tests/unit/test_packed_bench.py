@@ -73,3 +73,36 @@ def test_worker_rejects_an_ordinary_recipe(tmp_path, capsys):
         ]
     )
     assert code == 2 and "needs a packed recipe" in capsys.readouterr().err
+
+
+def test_plot_keeps_legends_off_the_data_and_ticks_on_the_model_counts():
+    import matplotlib.pyplot as plt
+
+    from tiny_llm.bench.packed_summary import draw_summary
+
+    def row(n, compiled, speedup, gib):
+        memory = {"peak_memory_bytes": gib * 2**30}
+        return {
+            "num_models": n,
+            "compile": compiled,
+            "speedup": speedup,
+            "packed": memory,
+            "sequential": memory,
+        }
+
+    rows = [row(2, False, 1.3, 0.5), row(4, False, 1.8, 0.6), row(4, True, 2.0, 0.6), row(8, True, 2.5, 0.9)]
+    fig = draw_summary({"rows": rows})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    try:
+        left, right = fig.axes
+        for ax in (left, right):
+            legend = ax.get_legend()
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+            assert list(ax.get_xticks()) == [2, 4, 8]
+        # packed and sequential memory are equal here: the two lines must still be told apart
+        styles = {(line.get_marker(), line.get_linestyle(), line.get_color()) for line in right.get_lines()}
+        assert len(styles) == 4
+        assert [t.get_text() for t in left.get_legend().get_texts()] == ["compiled", "eager", "no speedup"]
+    finally:
+        plt.close(fig)

@@ -50,30 +50,41 @@ def _brief(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in keys if k in result}
 
 
-def plot_summary(summary: dict[str, Any], path: Path) -> None:
-    """Speedup and peak memory against N, one line per compile setting."""
+def draw_summary(summary: dict[str, Any]) -> Any:
+    """Speedup and peak memory against N: colour = compile setting, marker and dashes = execution."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for compiled in (True, False):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    all_ns: set[int] = set()
+    for color, compiled in (("C0", True), ("C1", False)):
         rows = [r for r in summary["rows"] if r["compile"] == compiled and r["speedup"] is not None]
         if not rows:
             continue
         label = "compiled" if compiled else "eager"
         ns = [r["num_models"] for r in rows]
-        left.plot(ns, [r["speedup"] for r in rows], marker="o", label=label)
-        for name, style in (("packed", "-"), ("sequential", "--")):
+        all_ns.update(ns)
+        left.plot(ns, [r["speedup"] for r in rows], color=color, marker="o", label=label)
+        for name, style, marker, size in (("packed", "-", "o", 8), ("sequential", "--", "s", 5)):
             gib = [r[name]["peak_memory_bytes"] / 2**30 for r in rows]
-            right.plot(ns, gib, style, marker="o", label=f"{name}, {label}")
-    left.axhline(1.0, color="grey", linewidth=0.8)
+            right.plot(
+                ns, gib, style, color=color, marker=marker, ms=size, mfc="none", label=f"{name}, {label}"
+            )
+    left.axhline(1.0, color="grey", linewidth=0.8, linestyle=":", label="no speedup")
     left.set(xlabel="models N", ylabel="speedup (sequential / packed s/step)", title="Packed speedup")
     right.set(xlabel="models N", ylabel="peak memory (GiB)", title="Peak memory")
     for ax in (left, right):
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        if all_ns:
+            ax.set_xticks(sorted(all_ns))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def plot_summary(summary: dict[str, Any], path: Path) -> None:
+    """Write draw_summary's figure to ``path`` (PNG)."""
+    from tiny_llm.plotting import save_png
+
+    save_png(draw_summary(summary), path, dpi=120)
