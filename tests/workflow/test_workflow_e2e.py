@@ -142,6 +142,7 @@ def test_killed_training_job_fails_the_first_session(killed_and_resumed: KilledA
     assert "Error in rule train_run" in state.killed.output
     assert "result.json" not in state.files_after_kill
     assert "latest.pt" in state.files_after_kill  # resumable state survives: it is not a declared output
+    assert f"Failed job log(s): logs/train_run/{RUN}.log" in state.killed.output
 
 
 def test_rerun_resumes_from_the_saved_state(killed_and_resumed: KilledAndResumed) -> None:
@@ -188,3 +189,17 @@ def test_html_report_holds_the_run_table_and_curves(killed_and_resumed: KilledAn
     html = (state.workdir / "report.html").read_text(encoding="utf-8", errors="replace")
     assert "learning-curves.png" in html and "report.md" in html
     assert "| Run | Parameters | LR |" in html  # the table itself, shown inside its caption
+
+
+def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resumed: KilledAndResumed) -> None:
+    """What a user sees with the shipped profile: progress lines and a closing summary, no walls of text."""
+    state = killed_and_resumed
+    cmd = snakemake_command(state.workdir, state.config, "runs", "--cores", "2", "--forcerun", "plot_curves")
+    cmd.remove("host")
+    cmd.remove("--quiet")
+    proc = subprocess.run(cmd, cwd=state.workdir, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert max(len(line) for line in output.splitlines()) <= 300
+    assert "  runs      results/report/runs/report.md, results/report/runs/learning-curves.png" in output
+    assert "HTML report with every table and plot: snakemake --report report.html" in output

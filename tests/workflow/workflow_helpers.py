@@ -16,6 +16,7 @@ SNAKEFILE = REPO / "Snakefile"
 def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> list[str]:
     """A snakemake call on the repository's Snakefile with ``workdir`` as working directory."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
+    cmd += ["--quiet", "host"]  # every job's block, which the default profile leaves out of the console
     if configfile is not None:
         cmd += ["--configfile", str(configfile), "--replace-workflow-config"]
     return cmd + list(args)
