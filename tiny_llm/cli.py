@@ -35,13 +35,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--config (preset name or YAML path, repeatable) and --set dotted.key=value (repeatable)."""
+    from tiny_llm.config import preset_names
+
     parser.add_argument(
         "--config",
         action="append",
         required=required,
         default=None,
         metavar="C",
-        help="preset name or YAML file; repeat to merge in order",
+        help=f"preset name ({', '.join(preset_names())}) or YAML file; repeat to merge in order",
     )
     parser.add_argument(
         "--set",

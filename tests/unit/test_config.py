@@ -162,3 +162,13 @@ def test_numbers_in_exponent_notation_are_numbers(tmp_path) -> None:
     assert recipe.optimizer.lr == 5e-4 and recipe.optimizer.beta2 == 0.95
     with pytest.raises(ConfigError, match="optimizer.lr: expected a number, got str 'fast'"):
         load_recipe(["tiny"], ["optimizer.lr=fast"])
+
+
+def test_recipe_commands_list_the_presets_in_their_help(capsys) -> None:
+    from tiny_llm.config import preset_names
+
+    for command in ("train", "describe"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(name in text for name in preset_names())
