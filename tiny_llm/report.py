@@ -272,10 +272,10 @@ def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
 
 
 TABLE_CSS = """
-body { font-family: system-ui, sans-serif; font-size: 14px; margin: 1.5em; color: #222; }
+body { font-family: system-ui, sans-serif; font-size: 13px; margin: 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
-th, td { padding: 0.3em 0.8em; border-bottom: 1px solid #ddd; white-space: nowrap; }
-th { background: #f0f0f0; text-align: left; border-bottom: 2px solid #bbb; }
+th, td { padding: 0.25em 0.55em; border-bottom: 1px solid #ddd; white-space: nowrap; }
+th { background: #f0f0f0; text-align: left; border-bottom: 2px solid #bbb; vertical-align: bottom; white-space: normal; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.best td { font-weight: 600; }
 tr.diverged td { color: #999; font-style: italic; }
@@ -401,7 +401,7 @@ def run_labels(records: list[RunRecord]) -> dict[str, str]:
 
 
 def draw_curves(records: list[RunRecord]) -> Any:
-    """Subset validation loss vs training tokens, one panel per size, each legend beside its panel."""
+    """Subset validation loss vs training tokens, one panel per size (two a row), each legend beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -410,10 +410,14 @@ def draw_curves(records: list[RunRecord]) -> Any:
     from tiny_llm.plotting import compact_axis, line_styles
 
     sizes = list(dict.fromkeys(r.preset for r in records))
+    cols = min(len(sizes), 2)  # two panels a row keep the figure readable at its natural size
+    rows = math.ceil(len(sizes) / cols)
     fig, axes = plt.subplots(
-        1, len(sizes), figsize=(6.5 * len(sizes), 4.2), squeeze=False, layout="constrained"
+        rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False, layout="constrained"
     )
-    for ax, size in zip(axes[0], sizes, strict=True):
+    for ax in axes.flat[len(sizes) :]:
+        ax.remove()
+    for ax, size in zip(axes.flat, sizes, strict=False):
         plotted = [r for r in records if r.preset == size and r.curve]
         labels = run_labels(plotted)
         for rec, style in zip(plotted, line_styles(len(plotted)), strict=True):
@@ -425,7 +429,7 @@ def draw_curves(records: list[RunRecord]) -> Any:
         compact_axis(ax.xaxis)
         ax.grid(alpha=0.3)
         if plotted:
-            ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return fig
 
 
