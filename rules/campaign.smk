@@ -112,8 +112,9 @@ if PLAN.campaign:
                 report(path, caption="../report/campaign-selected.rst", category="Recipe campaign")
                 for path in PLAN.campaign.selected()
             ],
-            table=report(
-                f"{CAMPAIGN_ROOT}/report/report.md",
+            table=f"{CAMPAIGN_ROOT}/report/report.md",
+            table_html=report(
+                f"{CAMPAIGN_ROOT}/report/table.html",
                 caption="../report/campaign-table.rst",
                 category="Recipe campaign",
             ),

@@ -83,8 +83,9 @@ rule report_packed:
     input:
         PLAN.packed.results(),
     output:
-        table=report(
-            f"{PACKED_REPORT_DIR}/report.md",
+        table=f"{PACKED_REPORT_DIR}/report.md",
+        table_html=report(
+            f"{PACKED_REPORT_DIR}/table.html",
             caption="../report/packed-runs.rst",
             category="Packed training",
         ),

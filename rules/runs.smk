@@ -50,8 +50,9 @@ rule plot_curves:
     input:
         PLAN.run_results(),
     output:
-        table=report(
-            f"{RUNS_REPORT_DIR}/report.md",
+        table=f"{RUNS_REPORT_DIR}/report.md",
+        table_html=report(
+            f"{RUNS_REPORT_DIR}/table.html",
             caption="../report/runs-table.rst",
             category="Training runs",
         ),
