@@ -4,6 +4,7 @@ from its saved state and finishes; a further rerun has nothing to do."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -187,8 +188,12 @@ def test_html_report_holds_the_run_table_and_curves(killed_and_resumed: KilledAn
     proc = snakemake(state.workdir, state.config, "runs", "--report", "report.html")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     html = (state.workdir / "report.html").read_text(encoding="utf-8", errors="replace")
-    assert "learning-curves.png" in html and "report.md" in html
-    assert "| Run | Parameters | LR |" in html  # the table itself, shown inside its caption
+    assert "learning-curves.png" in html and "report.md" in html  # report.md named in the table's caption
+    # the run table is embedded as an HTML page (a rendered table), not as Markdown in a <pre> block
+    page = re.search(r"filename=table\.html;base64,([A-Za-z0-9+/=]+)", html)
+    assert page, "table.html is not in the report"
+    table = base64.b64decode(page.group(1)).decode("utf-8")
+    assert "<table>" in table and "<th>Run</th>" in table and "| Run |" not in table
 
 
 def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resumed: KilledAndResumed) -> None:
