@@ -7,7 +7,7 @@ from snakemake.utils import min_version
 
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import build_plan, load_schema
-from tiny_llm.pipeline.plan import failed_job_logs
+from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm
 
 min_version("9.0")
 
@@ -24,7 +24,7 @@ report: "report/workflow.rst"
 
 # Bump when a library change is meant to change training results: training rules carry it as a param, so a
 # bump reruns them, while ordinary code edits leave finished runs alone.
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2  # 2: WSD decays to zero as 1 - sqrt(q); reference attention in fp32 under autocast
 
 try:
     PLAN = build_plan(
@@ -82,6 +82,11 @@ rule packed:
         PLAN.targets("packed"),
 
 
+onstart:
+    # after Snakemake's scheduler installed its own handler, which would wait for every running job to finish
+    interrupt_on_sigterm(forward_to_jobs=workflow.local_exec)
+
+
 onsuccess:
     if PLAN.where_to_look():
         print("\nResults (the full table is in README.md, 'What the demo does'):")
@@ -90,6 +95,4 @@ onsuccess:
 
 
 onerror:
-    failed = failed_job_logs(open(log).read()) if log else []
-    print(f"\nFailed job log(s): {', '.join(failed) or 'see the Error blocks above'}")
-    print("Fix the cause and rerun the same command: finished work is kept, interrupted runs resume.")
+    print("\n" + "\n".join(closing_lines_on_error(log)))

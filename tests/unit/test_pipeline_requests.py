@@ -78,7 +78,7 @@ def test_an_undefined_tuning_profile_names_the_config_that_defines_it() -> None:
 
 
 def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiny_llm.pipeline.plan import failed_job_logs
+    from tiny_llm.pipeline.controller import failed_job_logs
 
     log = (
         "[Mon Nov 30]\nError in rule train_run:\n    jobid: 4\n    input: results/runs/a/recipe.yaml\n"

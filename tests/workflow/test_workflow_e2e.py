@@ -144,6 +144,7 @@ def test_killed_training_job_fails_the_first_session(killed_and_resumed: KilledA
     assert "result.json" not in state.files_after_kill
     assert "latest.pt" in state.files_after_kill  # resumable state survives: it is not a declared output
     assert f"Failed job log(s): logs/train_run/{RUN}.log" in state.killed.output
+    assert "Fix the cause, then rerun the same command" in state.killed.output
 
 
 def test_rerun_resumes_from_the_saved_state(killed_and_resumed: KilledAndResumed) -> None:
@@ -208,3 +209,41 @@ def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resum
     assert max(len(line) for line in output.splitlines()) <= 300
     assert "  runs      results/report/runs/report.md, results/report/runs/learning-curves.png" in output
     assert "HTML report with every table and plot: snakemake --report report.html" in output
+
+
+def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> None:
+    """`nohup snakemake … &` from a script ignores SIGINT; SIGTERM must still stop training within seconds,
+    with its state saved, and the same command resumes it."""
+    runs = {RUN: {"size": "tiny", "overrides": {"training": {"tokens_per_parameter": 2.0}}}}
+    config = write_config(tmp_path / "tiny.yaml", tiny_config(**runs))
+    run_dir = tmp_path / "results" / "runs" / RUN
+    with open(tmp_path / "controller.log", "w") as out:
+        proc = subprocess.Popen(
+            snakemake_command(tmp_path, config, "runs", "--cores", "2"),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while not (run_dir / "latest.pt").exists() or trainer_pid(proc.pid) is None:
+                assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+                time.sleep(0.05)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=60)
+            stopped_after = time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    output = (tmp_path / "controller.log").read_text()
+    assert returncode != 0 and stopped_after < 30, output
+    assert "Stopped by SIGTERM" in output
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+    assert not (run_dir / "result.json").exists()
+    again = snakemake(tmp_path, config, "runs", "--cores", "2", timeout=400)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed from" in (run_dir / "run.log").read_text()

@@ -244,18 +244,6 @@ class WorkflowPlan:
         return self.targets(stage) if enabled.get(stage, True) else []
 
 
-def failed_job_logs(snakemake_log: str) -> list[str]:
-    """The log files of the jobs that failed, from Snakemake's own log (its "Error in rule" blocks)."""
-    logs, in_error = [], False
-    for line in snakemake_log.splitlines():
-        if line.startswith("Error in rule"):
-            in_error = True
-        elif in_error and line.strip().startswith("log:"):
-            logs.append(line.split("log:", 1)[1].split("(check log")[0].strip())
-            in_error = False
-    return list(dict.fromkeys(logs))
-
-
 def build_plan(
     config: dict[str, Any],
     schema: Mapping[str, Any],

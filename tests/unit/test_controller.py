@@ -1,0 +1,43 @@
+"""The Snakemake controller's own behaviour (tiny_llm.pipeline.controller): SIGTERM acts like Ctrl-C, and the
+closing lines of a failed or stopped run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tiny_llm.pipeline import controller
+
+SIGTERM_SCRIPT = """
+import os, signal, subprocess, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup from a script
+from tiny_llm.pipeline.controller import interrupt_on_sigterm
+job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+interrupt_on_sigterm(forward_to_jobs=True)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.pause()
+except KeyboardInterrupt:
+    print("interrupted", job.wait(timeout=10))
+"""
+
+
+def test_sigterm_interrupts_the_controller_and_stops_its_jobs() -> None:
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "interrupted -15"  # the job got SIGTERM, the controller a KeyboardInterrupt
+
+
+def test_closing_lines_name_the_failed_logs(tmp_path: Path, monkeypatch) -> None:
+    log = tmp_path / "snakemake.log"
+    log.write_text(
+        "Error in rule train_run:\n    jobid: 4\n"
+        "    log: logs/train_run/a.log (check log file(s) for error details)\n"
+    )
+    lines = controller.closing_lines_on_error([str(log)])
+    assert lines[0] == "Failed job log(s): logs/train_run/a.log"
+    assert lines[1].startswith("Fix the cause, then rerun the same command")
+    assert controller.closing_lines_on_error(None)[0].startswith("To go on, rerun the same command")
+    monkeypatch.setattr(controller, "STOPPED_BY", [15])
+    assert controller.closing_lines_on_error(str(log))[0].startswith("Stopped by SIGTERM")

@@ -1,0 +1,69 @@
+"""The Snakemake controller process itself: how it stops on SIGTERM and what it says when a run fails."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+from types import FrameType
+
+STOPPED_BY: list[int] = []
+"""Signals that stopped this controller (set by the SIGTERM handler; read by the closing lines)."""
+
+
+def interrupt_on_sigterm(forward_to_jobs: bool) -> None:
+    """Make SIGTERM act like Ctrl-C: stop scheduling, stop the running jobs, exit non-zero.
+
+    Snakemake's own SIGTERM handler waits for every running job to finish (hours for a training job), and a
+    controller started in the background by a script ignores SIGINT. Locally (``forward_to_jobs``) the jobs
+    get SIGTERM too, as a terminal's Ctrl-C would send them SIGINT: trainers save their state and stop. On a
+    cluster Snakemake cancels its jobs itself, and the scheduler sends them the signal.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        STOPPED_BY.append(signum)
+        if forward_to_jobs:
+            signal_descendants(signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def signal_descendants(signum: int) -> None:
+    """Send ``signum`` to every process this one started (jobs and their own children)."""
+    import psutil  # a Snakemake dependency: this only runs inside the controller
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # already gone
+            child.send_signal(signum)
+
+
+def failed_job_logs(snakemake_log: str) -> list[str]:
+    """The log files of the jobs that failed, from Snakemake's own log (its "Error in rule" blocks)."""
+    logs, in_error = [], False
+    for line in snakemake_log.splitlines():
+        if line.startswith("Error in rule"):
+            in_error = True
+        elif in_error and line.strip().startswith("log:"):
+            logs.append(line.split("log:", 1)[1].split("(check log")[0].strip())
+            in_error = False
+    return list(dict.fromkeys(logs))
+
+
+def failed_job_logs_in(snakemake_logs: str | list[str]) -> list[str]:
+    """``failed_job_logs`` of Snakemake's log file(s), as its onerror hook names them."""
+    paths = [snakemake_logs] if isinstance(snakemake_logs, str) else list(snakemake_logs)
+    return failed_job_logs(
+        "".join(Path(path).read_text(encoding="utf-8", errors="replace") for path in paths)
+    )
+
+
+def closing_lines_on_error(snakemake_logs: str | list[str] | None) -> list[str]:
+    """What the controller says when a run ends in failure or was stopped."""
+    rerun = "rerun the same command: finished work is kept, interrupted runs resume from their saved state."
+    if STOPPED_BY:
+        return [f"Stopped by SIGTERM; running jobs saved their state. To go on, {rerun}"]
+    failed = failed_job_logs_in(snakemake_logs) if snakemake_logs else []
+    if not failed:
+        return [f"To go on, {rerun}"]
+    return [f"Failed job log(s): {', '.join(failed)}", f"Fix the cause, then {rerun}"]
