@@ -274,8 +274,9 @@ def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
 TABLE_CSS = """
 body { font-family: system-ui, sans-serif; font-size: 13px; margin: 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; }
-th, td { padding: 0.25em 0.55em; border-bottom: 1px solid #ddd; white-space: nowrap; }
-th { background: #f0f0f0; text-align: left; border-bottom: 2px solid #bbb; vertical-align: bottom; white-space: normal; }
+th, td { padding: 0.25em 0.55em; border-bottom: 1px solid #ddd; }
+td { white-space: nowrap; }
+th { background: #f0f0f0; text-align: left; border-bottom: 2px solid #bbb; vertical-align: bottom; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.best td { font-weight: 600; }
 tr.diverged td { color: #999; font-style: italic; }
