@@ -1,6 +1,7 @@
 # tiny-llm: corpus -> tokenizer -> token cache -> training runs, tuning, campaign, packed stages -> report.
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
 # Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
+import mimetypes
 import sys
 
 from snakemake.utils import min_version
@@ -20,6 +21,10 @@ if not workflow.overwrite_configfiles:
 
 
 report: "report/workflow.rst"
+
+
+# The HTML report embeds each reported file with its MIME type; Python < 3.13 does not know YAML (selected-*.yaml).
+mimetypes.add_type("application/yaml", ".yaml")
 
 
 # Bump when a library change is meant to change training results: training rules carry it as a param, so a

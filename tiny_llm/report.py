@@ -36,7 +36,8 @@ GIB = 1024**3
 TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
 TABLE_NOTE = (
     "Final loss = full validation loss after the last epoch (nats per token); "
-    "Median tok/s = median of the logged training windows; rows by stage, then rank."
+    "Median tok/s = median of the logged training windows, measured while other training jobs of the same "
+    "workflow may share the machine (the tuning and packed benchmarks run alone); rows by stage, then rank."
 )
 SHAPE_KEYS = ("vocab_size", "num_layers", "width", "num_heads", "ffn_width", "context_length")
 
