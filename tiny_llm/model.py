@@ -3,6 +3,8 @@
 One file, readable in one sitting. Two attention paths share the weights:
 ``sdpa`` (PyTorch's fused kernels, causal) and ``reference`` (explicit QK^T,
 mask and softmax in FP32; supports double backward, used by deterministic runs).
+``Llama.decode`` runs new positions against a ``KVCache`` of the earlier ones (generation);
+training and evaluation never touch it.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     """Causal attention in FP32 throughout (double-backward capable, deterministic).
 
     Autocast is switched off inside: it would recast both matmuls to BF16, and the parity check of the fast
-    path against this one would then compare BF16 with BF16.
+    path against this one would then compare BF16 with BF16. The t queries are the last t of the s keys'
+    positions (s = t except when decoding with a cache).
     """
-    t = q.shape[-2]
+    t, s = q.shape[-2], k.shape[-2]
     with torch.autocast(device_type=q.device.type, enabled=False):
         scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
-        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         scores = scores.masked_fill(~mask, float("-inf"))
         out = scores.softmax(dim=-1) @ v.float()
     return out.to(q.dtype)
@@ -88,6 +91,26 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
 
+    def decode(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int
+    ) -> torch.Tensor:
+        """``forward`` for positions cache.length.. of x, attending to the cached keys/values as well."""
+        b, t, d = x.shape
+        q = apply_rope(self._heads(self.q_proj(x)), cos, sin)
+        k, v = cache.append(
+            layer, apply_rope(self._heads(self.k_proj(x)), cos, sin), self._heads(self.v_proj(x))
+        )
+        if self.reference:
+            y = reference_attention(q, k, v)
+        elif t == 1:  # one new query sees every cached position: no mask
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif t == k.shape[-2]:  # an empty cache: the ordinary causal case
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = torch.ones(t, k.shape[-2], dtype=torch.bool, device=x.device).tril(k.shape[-2] - t)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))
+
 
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -111,6 +134,30 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
+
+    def decode(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int
+    ) -> torch.Tensor:
+        x = x + self.attn.decode(self.attn_norm(x), cos, sin, cache, layer)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class KVCache:
+    """Keys and values of the positions decoded so far: one preallocated [b, heads, L, head_dim] pair per
+    layer, filled from position 0 up to ``length``."""
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch_size, cfg.num_heads, cfg.context_length, cfg.width // cfg.num_heads)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [b, heads, t, head_dim] at positions length..length+t; return all keys/values so far."""
+        end = self.length + k.shape[-2]
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class Llama(nn.Module):
@@ -149,6 +196,20 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         return F.linear(self.norm(x), self.embed.weight)  # tied LM head
+
+    def decode(self, inputs: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """inputs [b, t] at positions cache.length.. -> logits [b, t, V]; their keys/values join the cache."""
+        start, t = cache.length, inputs.shape[-1]
+        if start + t > self.cfg.context_length:
+            raise ValueError(
+                f"positions up to {start + t} exceed model.context_length {self.cfg.context_length}"
+            )
+        x = self.embed(inputs)
+        cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
+        for layer, block in enumerate(self.blocks):
+            x = block.decode(x, cos, sin, cache, layer)
+        cache.length = start + t
+        return F.linear(self.norm(x), self.embed.weight)
 
 
 def loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
