@@ -35,11 +35,16 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(context_length: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 cos/sin tables [L, head_dim] for rotate-half RoPE."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inv_freq)
+    """FP32 cos/sin tables [L, head_dim] for rotate-half RoPE.
+
+    Computed as transformers' LlamaRotaryEmbedding computes them (inverse frequencies and angles in FP32),
+    so that a model exported to Hugging Face (``tiny_llm.export``) sees the very tables it was trained with:
+    FP64 angles rounded to FP32 differ from those by up to ~7e-5 at position 1024, and the logits with them.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.arange(context_length, dtype=torch.float32)[:, None] * inv_freq
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
