@@ -20,8 +20,13 @@ from tiny_llm.config import ModelConfig
 IGNORE_INDEX = -100
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in FP32, or unchanged when it is FP64 (the second-order analysis and its tests run in FP64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 class RMSNorm(nn.Module):
-    """Scale-only RMS normalisation; the reduction runs in FP32 whatever the input dtype."""
+    """Scale-only RMS normalisation; the reduction runs in FP32 (FP64 input: FP64) whatever the dtype."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -29,7 +34,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = at_least_fp32(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).type_as(x)
 
@@ -55,7 +60,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention in FP32 throughout (double-backward capable, deterministic).
+    """Causal attention in FP32 throughout (FP64 for FP64 input; double-backward capable, deterministic).
 
     Autocast is switched off inside: it would recast both matmuls to BF16, and the parity check of the fast
     path against this one would then compare BF16 with BF16. The t queries are the last t of the s keys'
@@ -63,10 +68,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     """
     t, s = q.shape[-2], k.shape[-2]
     with torch.autocast(device_type=q.device.type, enabled=False):
-        scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = at_least_fp32(q) @ at_least_fp32(k).transpose(-2, -1) / math.sqrt(q.shape[-1])
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
         scores = scores.masked_fill(~mask, float("-inf"))
-        out = scores.softmax(dim=-1) @ v.float()
+        out = scores.softmax(dim=-1) @ at_least_fp32(v)
     return out.to(q.dtype)
 
 
@@ -221,7 +226,7 @@ def loss_sum(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> t
     """Summed FP32 cross entropy over valid targets (ignore_index -100)."""
     logits = model(inputs)
     return F.cross_entropy(
-        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        at_least_fp32(logits).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
 
 
@@ -229,7 +234,7 @@ def token_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) 
     """Per-target FP32 cross entropy (0 where ignored), for FP64 accumulation in evaluation."""
     logits = model(inputs)
     return F.cross_entropy(
-        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        at_least_fp32(logits).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
     )
 
 
