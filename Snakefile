@@ -23,13 +23,14 @@ if not workflow.overwrite_configfiles:
 report: "report/workflow.rst"
 
 
-# The HTML report embeds each reported file with its MIME type; Python < 3.13 does not know YAML (selected-*.yaml).
+# The HTML report embeds each file with its MIME type; Python < 3.13 does not know YAML (selected-*.yaml).
 mimetypes.add_type("application/yaml", ".yaml")
 
 
 # Bump when a library change is meant to change training results: training rules carry it as a param, so a
 # bump reruns them, while ordinary code edits leave finished runs alone.
-NUMERICS_VERSION = 2  # 2: WSD decays to zero as 1 - sqrt(q); reference attention in fp32 under autocast
+# 2: WSD to zero as 1 - sqrt(q); fp32 reference attention under autocast; RoPE tables as transformers'.
+NUMERICS_VERSION = 2
 
 try:
     PLAN = build_plan(
