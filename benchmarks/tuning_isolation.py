@@ -1,0 +1,76 @@
+"""Do tuning candidates measure the same throughput inside the busy demo as alone? Prints JSON.
+
+    python benchmarks/tuning_isolation.py --workdir /tmp/tuning-iso
+
+1. The embedded demo's default target from scratch (`snakemake --cores 2`): tuning candidates are scheduled
+   among the training jobs of the same run, but each takes every core, so nothing runs beside it.
+2. The same candidates again, alone (`--forcerun bench_candidate results/cpu-tuning/selected.yaml`).
+
+For every slot measured both times: tokens/s of each pass and their ratio; the goal is every ratio within 15%.
+The workdir keeps both passes' candidate files (`pass1/`, `pass2/`) for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CANDIDATES = Path("results/cpu-tuning/candidates")
+
+
+def snakemake(workdir: Path, *args: str) -> float:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    cmd += ["--directory", str(workdir), "--configfile", str(REPO / "workflow_config.yaml")]
+    cmd += ["--cores", "2", *args]
+    started = time.monotonic()
+    subprocess.run(cmd, cwd=workdir, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - started
+
+
+def measured(folder: Path) -> dict[str, float]:
+    """Slot -> tokens/s of the candidates that were measured (not reused, not skipped)."""
+    out = {}
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text())
+        if result.get("status") == "ok" and not result.get("reused_from"):
+            out[path.stem] = float(result["tokens_per_second"])
+    return out
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (emptied first)")
+    args = parser.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    demo_seconds = snakemake(args.workdir)
+    shutil.copytree(args.workdir / CANDIDATES, args.workdir / "pass1")
+    target = "results/cpu-tuning/selected.yaml"
+    alone_seconds = snakemake(args.workdir, "--forcerun", "bench_candidate", target)
+    shutil.copytree(args.workdir / CANDIDATES, args.workdir / "pass2")
+    first, second = measured(args.workdir / "pass1"), measured(args.workdir / "pass2")
+    slots = sorted(set(first) & set(second))
+    ratios = {slot: round(second[slot] / first[slot], 3) for slot in slots}
+    worst = max((abs(r - 1.0) for r in ratios.values()), default=None)
+    report = {
+        "benchmark": "tuning candidates in the full demo vs alone",
+        "demo_seconds": round(demo_seconds, 1),
+        "tuning_alone_seconds": round(alone_seconds, 1),
+        "tokens_per_second_in_demo": {slot: round(first[slot]) for slot in slots},
+        "tokens_per_second_alone": {slot: round(second[slot]) for slot in slots},
+        "ratio_alone_over_demo": ratios,
+        "worst_deviation": None if worst is None else round(worst, 3),
+        "within_15_percent": worst is not None and worst <= 0.15,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
