@@ -23,6 +23,7 @@ LAYER_RANKS = {
     "packed": 2,  # the packed engine and its parts
     "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
     "bench": 4,  # benchmark workers, tuner, summaries
+    "export": 4,  # Hugging Face export, generation, sample tables
     "pipeline": 5,  # the workflow plan
     "commands": 6,  # the CLI (tiny_llm.cli, tiny_llm.__main__, tiny_llm.commands.*)
 }

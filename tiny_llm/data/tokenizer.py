@@ -37,6 +37,10 @@ class TextTokenizer:
         """The vocabulary in id order."""
         raise NotImplementedError
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (special tokens written as their text)."""
+        raise NotImplementedError
+
     def save(self, directory: Path) -> None:
         """Write files that `load_tokenizer(directory)` reads back."""
         raise NotImplementedError
@@ -67,6 +71,9 @@ class HFTokenizer(TextTokenizer):
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [enc.ids for enc in self._encode(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def id_to_token(self) -> list[str]:
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
@@ -108,6 +115,9 @@ class SentencePieceTokenizer(TextTokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # Control pieces such as <s> are never matched in input text by SentencePiece.
         return self.processor.encode(texts, num_threads=self.num_threads)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.processor.decode(ids)
 
     def id_to_token(self) -> list[str]:
         return [self.processor.id_to_piece(i) for i in range(self.vocab_size)]

@@ -1,0 +1,113 @@
+"""The exported model's card (README.md) from its ``tiny_llm_export.json`` facts (torch-free)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXPORT_FILE = "tiny_llm_export.json"
+EXPORT_FORMAT = "tiny-llm-export"
+EXPORT_VERSION = 1
+
+
+def _loss_line(meta: dict[str, Any]) -> str:
+    training = meta.get("training")
+    if not training or training.get("final_validation_loss") is None:
+        return "- Final validation loss: not recorded (no result.json beside the checkpoint)"
+    loss = training["final_validation_loss"]
+    split = "full validation split" if training.get("validation_complete") else "truncated validation split"
+    of = " (of the workers' average)" if meta.get("worker") is not None else ""
+    tokens = training.get("validation_tokens")
+    over = f" over {tokens:,} tokens" if isinstance(tokens, int) else ""
+    return f"- Final validation loss{of}: {loss:.4f} nats per token ({split}{over})"
+
+
+def _tokens_line(meta: dict[str, Any]) -> str:
+    training = meta.get("training") or {}
+    tokens = training.get("tokens")
+    if tokens is None:
+        return "- Training tokens: not recorded"
+    per_model = training.get("tokens_per_model")
+    extra = f" ({per_model:,} per worker)" if per_model is not None else ""
+    return f"- Training tokens: {tokens:,}{extra}"
+
+
+def model_card(meta: dict[str, Any]) -> str:
+    """README.md text: what the model is, how it was trained, how to load it, its sample continuations."""
+    m, r, cache, tok = meta["model"], meta["recipe"], meta["cache"], meta["tokenizer"]
+    packed = r.get("packed")
+    shape = (
+        f"{m['num_layers']} layers, width {m['width']}, {m['num_heads']} heads, "
+        f"SwiGLU width {m['ffn_width']}, "
+        f"context {m['context_length']}, vocabulary {m['vocab_size']}, RoPE θ {m['rope_theta']:g}, "
+        f"RMSNorm ε {m['norm_eps']:g}, tied embeddings"
+    )
+    schedule = f"{r['lr_schedule']} schedule, warmup {r['warmup_fraction']:g}"
+    optimizer = (
+        f"AdamW lr {r['lr']:g} (β1 {r['beta1']:g}, β2 {r['beta2']:g}, weight decay {r['weight_decay']:g}), "
+        f"{schedule}, {r['batch_tokens']:,}-token updates, "
+        f"{r['tokens_per_parameter']:g} tokens per parameter, "
+        f"seed {r['seed']}"
+    )
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [tiny-llm, llama]",
+        "---",
+        "",
+        f"# {meta['name']}",
+        "",
+        f"A {meta['parameters']:,}-parameter Llama-style causal language model trained with tiny-llm and "
+        "exported to the Hugging Face `LlamaForCausalLM` format. It loads offline with "
+        "`AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`.",
+        "",
+        "## Training",
+        "",
+        f"- Model: {shape}",
+        f"- Optimizer: {optimizer}",
+    ]
+    if packed:
+        lines.append(
+            f"- Packed decentralized training: {packed['num_models']} workers, "
+            f"{packed['topology']} topology, {packed['scheme'].upper()}"
+        )
+    lines += [
+        f"- Weights: {meta['weights']}, exported as {meta['dtype']} from `{meta['checkpoint']}`",
+        _tokens_line(meta),
+        _loss_line(meta),
+        f"- Data: `{cache['dataset']}`, tokenizer `{cache['tokenizer']}`",
+        f"- Token cache identity: `{cache['identity']}`",
+        f"- Recipe identity: `{meta['recipe_identity']}`",
+        "",
+        "## Tokenizer",
+        "",
+        f"Texts were encoded without special tokens (no BOS), and every document ends with EOS "
+        f"(`{tok['eos_token']}`, id {tok['eos_token_id']}); a literal `{tok['eos_token']}` inside a text is "
+        "text. The exported tokenizer does the same: `tokenizer(text)` gives the ids training saw. A "
+        "document starts right after an EOS: put `eos_token_id` before a prompt to start a fresh document:",
+        "",
+        "```python",
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{meta["name"]}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{meta["name"]}")',
+        'ids = [tokenizer.eos_token_id] + tokenizer("The history of").input_ids',
+        "out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=True, top_k=50, top_p=0.95)",
+        "print(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))",
+        "```",
+    ]
+    samples = meta.get("samples")
+    if samples:
+        s = samples["settings"]
+        how = (
+            "greedy"
+            if s["temperature"] == 0
+            else f"temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, "
+            f"seed {s['seed']}"
+        )
+        lines += ["", "## Samples", "", f"Continuations by tiny-llm's `generate` ({how}):", ""]
+        for item in samples["items"]:
+            lines += [f"**{item['prompt']}** {item['completion']}", ""]
+        lines.pop()
+    return "\n".join(lines) + "\n"

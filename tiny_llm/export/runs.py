@@ -1,0 +1,46 @@
+"""Which run and checkpoint an export or generation reads (torch-free).
+
+``--run DIR`` means DIR/resolved.yaml and DIR/final.safetensors (else DIR/final.pt); ``--best-of
+RANKING`` means the best run of a campaign stage: the rank-0 row of ``<stage>/ranking.json``, whose run
+directory lies beside the ranking.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tiny_llm.errors import DataError
+from tiny_llm.io import read_json
+
+WEIGHT_FILES = ("final.safetensors", "final.pt")
+
+
+def run_inputs(run_dir: str | Path) -> tuple[Path, Path]:
+    """(resolved.yaml, final checkpoint) of a finished run directory."""
+    run_dir = Path(run_dir)
+    recipe = run_dir / "resolved.yaml"
+    if not recipe.is_file():
+        raise DataError(f"{run_dir} is not a run directory (no resolved.yaml)")
+    for name in WEIGHT_FILES:
+        if (run_dir / name).is_file():
+            return recipe, run_dir / name
+    raise DataError(
+        f"{run_dir} holds no final checkpoint ({' or '.join(WEIGHT_FILES)}); is the run finished, with a "
+        "checkpoint_policy other than none?"
+    )
+
+
+def best_run_dir(ranking: str | Path) -> Path:
+    """The directory of the best-ranked run of a stage's ranking.json."""
+    ranking = Path(ranking)
+    try:
+        rows = read_json(ranking)
+    except FileNotFoundError:
+        raise DataError(f"ranking not found: {ranking}") from None
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict) or "run" not in rows[0]:
+        raise DataError(f"{ranking}: not a stage ranking (a list of rows with 'run')")
+    best = min(rows, key=lambda row: row.get("rank", math.inf))
+    if best.get("loss") is None:
+        raise DataError(f"{ranking}: no run of the stage has a final loss (all diverged?); nothing to export")
+    return ranking.parent / str(best["run"])

@@ -1,0 +1,117 @@
+"""Sampling settings and prompt files (torch-free, so a workflow plan may validate them too).
+
+A prompt file is YAML: either a list of prompts, or a mapping with ``prompts`` and any of the
+``SamplingConfig`` fields::
+
+    prompts: ["The history of the city", "In 1905, the"]
+    max_new_tokens: 48
+    temperature: 0.8
+    seed: 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tiny_llm.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How new tokens are chosen (the semantics of transformers' temperature, top-k and top-p warpers)."""
+
+    max_new_tokens: int = 64
+    """Tokens to generate at most (fewer at EOS or when the context is full)."""
+    temperature: float = 0.8
+    """Softmax temperature; 0 = greedy (argmax)."""
+    top_k: int | None = 50
+    """Keep the k most likely tokens; null = all."""
+    top_p: float = 0.95
+    """Then keep the smallest most-likely set holding this probability mass; 1 = all."""
+    seed: int = 0
+    """Seed of the sampling generator (on the host, so a seed means the same draws on every device)."""
+    stop_at_eos: bool = True
+    """Stop after the model writes EOS (the EOS token is part of the output)."""
+    document_start: bool = True
+    """Put EOS before the prompt: in training every document starts right after an EOS."""
+
+    def problems(self) -> list[str]:
+        out = []
+        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
+            out.append(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            out.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            out.append(f"top_k must be >= 1 or null, got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            out.append(f"top_p must be in (0, 1], got {self.top_p}")
+        return out
+
+    def check(self, where: str = "sampling") -> SamplingConfig:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(f"{where}: " + "; ".join(problems))
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Prompts sampled for every exported model, with their settings."""
+
+    prompts: tuple[str, ...]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+_FIELD_TYPES = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
+_FLAGS = ("stop_at_eos", "document_start")
+
+
+def sampling_from_dict(data: dict[str, Any], where: str) -> SamplingConfig:
+    """A SamplingConfig from plain values; unknown keys and wrong types are one-line errors."""
+    names = {f.name for f in dataclasses.fields(SamplingConfig)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _FLAGS:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        elif key == "top_k" and value is None:
+            pass
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        elif _FIELD_TYPES[key] is int and value != int(value):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        else:
+            value = _FIELD_TYPES[key](value)
+        values[key] = value
+    return SamplingConfig(**values).check(where)
+
+
+def load_prompts(path: str | Path) -> PromptSet:
+    """Read a prompt file (see the module doc)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"prompt file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"prompt file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if isinstance(data, list):
+        data = {"prompts": data}
+    if not isinstance(data, dict) or "prompts" not in data:
+        raise ConfigError(f"prompt file {path}: expected a list of prompts or a mapping with 'prompts'")
+    prompts = data.pop("prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ConfigError(f"prompt file {path}: 'prompts' must be a non-empty list of strings")
+    return PromptSet(tuple(prompts), sampling_from_dict(data, f"prompt file {path}"))
