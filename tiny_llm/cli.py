@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("tiny_llm.commands.tune", "staged throughput tuner: plan, candidate, select, run"),
     "benchmark-packed-worker": ("tiny_llm.commands.benchmark_packed_worker", "time packed vs sequential N"),
     "benchmark-packed-summary": ("tiny_llm.commands.benchmark_packed_summary", "packed speedups and plot"),
+    "analyze": ("tiny_llm.commands.analyze", "gradient noise x Hessian at one checkpoint, one data case"),
+    "analysis-summary": ("tiny_llm.commands.analysis_summary", "summary.csv and figures of analysis jobs"),
     "export": ("tiny_llm.commands.export", "a checkpoint as a Hugging Face model directory"),
     "generate": ("tiny_llm.commands.generate", "continue a prompt with a checkpoint (KV cache)"),
     "samples": ("tiny_llm.commands.samples", "tables of exported models and their samples (report)"),

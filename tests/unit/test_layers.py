@@ -22,6 +22,7 @@ LAYER_RANKS = {
     "train": 2,  # the ordinary engine, the training loop, checkpoints, metrics, evaluation
     "packed": 2,  # the packed engine and its parts
     "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
+    "analysis": 3,  # second-order analysis of saved states (stands on data, runtime, train, packed)
     "bench": 4,  # benchmark workers, tuner, summaries
     "export": 4,  # Hugging Face export, generation, sample tables
     "pipeline": 5,  # the workflow plan

@@ -1,0 +1,89 @@
+"""The settings of one analysis job and the identity that decides whether a rerun may reuse its files."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tiny_llm.errors import ConfigError
+from tiny_llm.io import canonical_json
+
+FORMAT, VERSION = "tiny-llm-analysis", 1
+EXECUTION_FIELDS = frozenset({"hvp_batch_size", "directions_per_pass", "device", "threads"})
+"""Settings that change how fast a job runs, not what it measures: a resumed job may change them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalysisConfig:
+    case: Literal["seen", "unseen"]
+    """seen: the run's first epoch replayed in training order; unseen: an epoch of blocks after the budget."""
+    noise_samples: int | Literal["all"] = 32
+    """S: effective batches whose gradient noise is measured (all: every batch of the epoch)."""
+    random_samples: int = 32
+    """R: Rademacher directions of the isotropic reference (0: none)."""
+    seed: int = 42
+    """Chooses the noise batches and the Rademacher directions."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameters, directions and every derivative (the attention and the loss are FP32 at least)."""
+    amp: bool = False
+    """BF16 autocast for the matmuls of the forward (FP32 parameters only); the attention stays FP32."""
+    consensus: bool = True
+    """Packed runs: also e_i^T H e_i of every worker's consensus error e_i = x_i - mean."""
+    hvp_batch_size: int | None = None
+    """Sequences per microbatch of the Hessian passes (None: the run's training.micro_batch_size)."""
+    directions_per_pass: int = 8
+    """Directions whose Hessian-vector products share one pass over the epoch (memory: one vector each)."""
+    device: str | None = None
+    """None: the run's runtime.device."""
+    threads: int | None = None
+    """CPU threads (None: the run's runtime.cpu_threads)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.case not in ("seen", "unseen"):
+            problems.append(f"--case: {self.case!r} is not seen or unseen")
+        count = self.noise_samples
+        if count != "all" and (not isinstance(count, int) or count < 1):
+            problems.append(f"--noise-samples: {self.noise_samples!r} is neither a positive count nor all")
+        if self.random_samples < 0:
+            problems.append(f"--random-samples: {self.random_samples} is negative")
+        if not 0 <= self.seed < 2**63:
+            problems.append(f"--seed: {self.seed} is outside [0, 2**63)")
+        if self.dtype not in ("float32", "float64"):
+            problems.append(f"--dtype: {self.dtype!r} is not float32 or float64")
+        if self.amp and self.dtype != "float32":
+            problems.append("--amp: BF16 autocast needs --dtype float32")
+        if self.hvp_batch_size is not None and self.hvp_batch_size < 1:
+            problems.append(f"--hvp-batch-size: {self.hvp_batch_size} is not positive")
+        if self.directions_per_pass < 1:
+            problems.append(f"--directions-per-pass: {self.directions_per_pass} is not positive")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"--threads: {self.threads} is not positive")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def measured(self) -> dict[str, Any]:
+        """The settings that decide the results (part of the identity)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in EXECUTION_FIELDS}
+
+    def execution(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in EXECUTION_FIELDS}
+
+
+def parse_noise_samples(text: str) -> int | Literal["all"]:
+    """``all`` or a positive count (argparse type)."""
+    if text == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--noise-samples: {text!r} is neither a count nor all") from None
+
+
+def analysis_identity(inputs: dict[str, Any], settings: AnalysisConfig) -> dict[str, Any]:
+    """The identity payload (inputs: recipe and cache identities, checkpoint and its weights' hash) and its
+    sha256: a job whose payload differs must not reuse an output directory."""
+    payload = {"format": FORMAT, "version": VERSION, "inputs": inputs, "settings": settings.measured()}
+    return {**payload, "identity": hashlib.sha256(canonical_json(payload).encode()).hexdigest()}
