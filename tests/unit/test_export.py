@@ -388,3 +388,25 @@ def test_model_config_defaults_give_llama_defaults():
         config["bos_token_id"] is None
         and config["head_dim"] == ModelConfig().width // ModelConfig().num_heads
     )
+
+
+def test_samples_command_tables_exports_and_their_continuations(tiny_export, tiny_run, tmp_path, capsys):
+    recipe, run_dir = tiny_run
+    plain = tmp_path / "plain"
+    export_model(recipe, run_dir / "final.safetensors", plain)  # no prompts: a row, no samples
+    out = tmp_path / "report"
+    assert main(["samples", "--exports", str(tiny_export), str(plain), "--output-dir", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"models": 2, "prompts": 2, "output_dir": str(out)}
+    rows = json.loads((out / "exports.json").read_text())
+    assert [r["model"] for r in rows] == ["tiny", "plain"] and rows[0]["directory"] == str(tiny_export)
+    assert (
+        rows[0]["final_loss"] == json.loads((run_dir / "result.json").read_text())["final_validation"]["loss"]
+    )
+    models = (out / "models.html").read_text()
+    assert f"{rows[0]['final_loss']:.4f}" in models and str(plain) in models
+    samples = (out / "samples.html").read_text()
+    meta = json.loads((tiny_export / "tiny_llm_export.json").read_text())
+    for item in meta["samples"]["items"]:
+        assert f"<h2>{item['prompt']}</h2>" in samples
+    assert "seed 3" in samples
+    assert "# Sample continuations" in (out / "exports.md").read_text()

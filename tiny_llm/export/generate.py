@@ -41,12 +41,15 @@ class Generation:
         return rest / self.decode_seconds if rest > 0 and self.decode_seconds > 0 else None
 
 
-def choose_token(logits: torch.Tensor, settings: SamplingConfig, generator: torch.Generator) -> int:
-    """Next token from one position's logits [V]: argmax at temperature 0, else a seeded draw after
-    temperature, top-k and top-p (transformers' warpers: top-p keeps the most likely tokens whose
-    preceding mass is below top_p, always the first)."""
-    if settings.temperature == 0:
-        return int(logits.argmax())
+def sampling_distribution(
+    logits: torch.Tensor, settings: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, token ids) the next token is drawn from, given one position's logits [V].
+
+    transformers' warpers in their order: temperature, top-k, then top-p, which keeps the most likely
+    tokens whose more likely predecessors hold less than top_p of the mass (always the first). Only the
+    kept tokens are returned, most likely first; the probabilities are on the host.
+    """
     scores = logits.float() / settings.temperature
     if settings.top_k is not None and settings.top_k < scores.numel():
         values, order = torch.topk(scores, settings.top_k)  # sorted, most likely first
@@ -55,9 +58,18 @@ def choose_token(logits: torch.Tensor, settings: SamplingConfig, generator: torc
     if settings.top_p < 1.0:
         probs = values.softmax(-1)
         before = probs.cumsum(-1) - probs  # mass of the more likely tokens
-        values = values.masked_fill(before >= settings.top_p, float("-inf"))
-    probs = values.softmax(-1).cpu()
-    return int(order[int(torch.multinomial(probs, 1, generator=generator))])
+        kept = int((before < settings.top_p).sum())
+        values, order = values[: max(kept, 1)], order[: max(kept, 1)]
+    return values.softmax(-1).cpu(), order.cpu()
+
+
+def choose_token(logits: torch.Tensor, settings: SamplingConfig, generator: torch.Generator) -> int:
+    """Next token from one position's logits [V]: argmax at temperature 0, else a seeded draw from
+    ``sampling_distribution``."""
+    if settings.temperature == 0:
+        return int(logits.argmax())
+    probs, ids = sampling_distribution(logits, settings)
+    return int(ids[int(torch.multinomial(probs, 1, generator=generator))])
 
 
 @torch.inference_mode()
