@@ -49,7 +49,15 @@ COLUMNS = (
     "identity",
 )
 FIGURES = ("alignment.png", "noise-alignment.png", "norms.png")
-CASE_COLORS = {"seen": "C0", "unseen": "C1"}
+CASE_STYLES = {
+    "seen": {"color": "C0", "markersize": 8.5, "linewidth": 2.4},
+    "unseen": {"color": "C1", "markersize": 5.0, "linewidth": 1.4, "markerfacecolor": "none"},
+}
+"""Filled large markers and thick lines under hollow small ones and thin lines: equal values stay visible."""
+
+
+def _case_style(case: str, **style: Any) -> dict[str, Any]:
+    return {**CASE_STYLES.get(case, {"color": "C2"}), **style}
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -161,18 +169,14 @@ def draw_alignment(rows: list[dict[str, Any]]) -> Any:
     for ax, log in zip(axes, (False, True), strict=True):
         hidden = 0
         for (run, case), points in noise.items():
-            color = CASE_COLORS.get(case, "C2")
             label = _label(run, case, several, "noise: Σ vᵀHv / Σ|v|²")
-            hidden += _plot(ax, points, log=log, color=color, marker="o", linewidth=2, label=label)
+            hidden += _plot(ax, points, log=log, label=label, **_case_style(case, marker="o"))
         for (run, case), points in isotropic.items():
-            color = CASE_COLORS.get(case, "C2")
             label = _label(run, case, several, "isotropic: tr(H)/D")
-            style = {"color": color, "marker": "s", "markerfacecolor": "none", "linestyle": "--"}
-            hidden += _plot(ax, points, log=log, label=label, **style)
+            hidden += _plot(ax, points, log=log, label=label, **_case_style(case, marker="s", linestyle="--"))
         for (run, case), points in consensus.items():
-            color = CASE_COLORS.get(case, "C2")
             label = _label(run, case, several, "consensus: Σ eᵀHe / Σ|e|²")
-            hidden += _plot(ax, points, log=log, color=color, marker="^", linestyle=":", label=label)
+            hidden += _plot(ax, points, log=log, label=label, **_case_style(case, marker="^", linestyle=":"))
         _finish_axis(ax, "curvature along the direction (nats / unit²)", log=log)
         title = "log scale" if log else "linear scale"
         if hidden:
@@ -196,11 +200,10 @@ def draw_noise_alignment(rows: list[dict[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(8.5, 4.4), layout="constrained")
     for (run, case), points in _series(rows, "noise_alignment").items():
         label = _label(run, case, several, "Σ vᵀHv / S")
-        _plot(ax, points, log=False, color=CASE_COLORS.get(case, "C2"), marker="o", linewidth=2, label=label)
+        _plot(ax, points, log=False, label=label, **_case_style(case, marker="o"))
     for (run, case), points in _series(rows, "consensus_alignment").items():
         label = _label(run, case, several, "consensus: mean eᵀHe")
-        style = {"color": CASE_COLORS.get(case, "C2"), "marker": "^", "linestyle": ":"}
-        _plot(ax, points, log=False, label=label, **style)
+        _plot(ax, points, log=False, label=label, **_case_style(case, marker="^", linestyle=":"))
     ax.axhline(0.0, color="0.5", linewidth=0.8)
     _finish_axis(ax, "vᵀHv averaged over noise samples")
     ax.set_title("Noise alignment (unnormalised)")
@@ -227,8 +230,8 @@ def draw_norms(rows: list[dict[str, Any]], logged: list[tuple[int, float]]) -> A
     )
     for key, what, marker, linestyle in kinds:
         for (run, case), points in _series(rows, key).items():
-            style = {"color": CASE_COLORS.get(case, "C2"), "marker": marker, "linestyle": linestyle}
-            _plot(ax, points, log=True, label=_label(run, case, several, what), linewidth=1.8, **style)
+            style = _case_style(case, marker=marker, linestyle=linestyle)
+            _plot(ax, points, log=True, label=_label(run, case, several, what), **style)
     _finish_axis(ax, "L2 norm", log=True)
     ax.set_title("Gradient and noise norms at the checkpoints")
     if ax.get_legend_handles_labels()[0]:
