@@ -7,6 +7,7 @@ renamed into place, so a reader sees either the old or the new content.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -18,7 +19,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from tiny_llm.errors import RunStateError
+from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -33,21 +34,52 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an error it was raised from (torch wraps its writer's OSError) is a full disk."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_error(path: str | os.PathLike[str], kept: str) -> DiskFullError:
+    """The one-line error for a write to ``path`` that ran out of space; ``kept`` says what is intact."""
+    path = Path(path)
+    return DiskFullError(
+        f"disk full: no space left on the device holding {path.parent} while writing {path.name}; {kept}; "
+        "free space there and rerun the same command"
+    )
+
+
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(handle)`` on a temp sibling of ``path``, fsync it and rename it into place."""
+    """Call ``write(handle)`` on a temp sibling of ``path``, fsync it and rename it into place.
+
+    A full disk leaves ``path`` as it was and raises DiskFullError naming it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    existed = path.exists()
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+            kept = f"the previous {path.name} is unchanged" if existed else "nothing was written"
+            raise disk_full_error(path, kept) from exc
         raise
     fsync_dir(path.parent)
 
@@ -92,18 +124,60 @@ def atomic_write_yaml(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False))
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+REBUILD_HINT = "delete it and rerun the command that wrote it"
+
+
+def damaged_message(path: str | os.PathLike[str], reason: str, rebuild: str | None = None) -> str:
+    """``<path> is damaged (<reason>); <how to rebuild it>`` on one line."""
+    reason = " ".join(str(reason).split())
+    return f"{path} is damaged ({reason[:160]}); {rebuild or REBUILD_HINT}"
+
+
+def read_json(path: str | os.PathLike[str], rebuild: str | None = None) -> Any:
+    """Parse a JSON file; a damaged one (torn, altered, not JSON) raises DamagedFileError naming it and
+    ``rebuild``, the way to make it again (default: delete it and rerun the command that wrote it)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(damaged_message(path, f"not valid JSON: {exc}", rebuild)) from None
+
+
+def read_json_mapping(path: str | os.PathLike[str], rebuild: str | None = None) -> dict[str, Any]:
+    """read_json of a file that must hold a JSON object."""
+    data = read_json(path, rebuild)
+    if not isinstance(data, dict):
+        raise DamagedFileError(
+            damaged_message(path, f"a JSON object expected, found {type(data).__name__}", rebuild)
+        )
+    return data
+
+
+def read_yaml(path: str | os.PathLike[str], rebuild: str | None = None) -> Any:
+    """Parse a YAML file; a damaged one raises DamagedFileError like read_json."""
+    text = Path(path).read_bytes()
+    try:
+        return yaml.safe_load(text.decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DamagedFileError(damaged_message(path, f"not valid YAML: {what}{where}", rebuild)) from None
 
 
 def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
-    """Append one JSON line and fsync it, so a crash loses at most the line being written."""
+    """Append one JSON line and fsync it, so a crash loses at most the line being written (a reader skips a
+    torn last line; a resumed run rewrites it). A full disk raises DiskFullError naming the file."""
     line = json.dumps(row, allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full_error(path, "its earlier lines are unchanged") from exc
+        raise
 
 
 @contextlib.contextmanager

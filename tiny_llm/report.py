@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.campaign import RunOutcome, final_loss, rank_key
-from tiny_llm.errors import DataError
-from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
+from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json_mapping, read_yaml
 
 GIB = 1024**3
 TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
@@ -152,7 +152,8 @@ def _campaign_sizes(runs_dir: Path) -> dict[str, str]:
     record = runs_dir / "campaign.json"
     if not record.is_file():
         return {}
-    return {run: stage["size"] for stage in read_json(record).get("stages", []) for run in stage["runs"]}
+    stages = read_json_mapping(record, REBUILD_CAMPAIGN).get("stages", [])
+    return {run: stage["size"] for stage in stages for run in stage["runs"]}
 
 
 def _size_of(run: str, recipe: dict[str, Any], sizes: dict[str, str], shapes: dict[tuple, str]) -> str:
@@ -168,12 +169,13 @@ def _load_recipe(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "resolved.yaml"
     if not path.is_file():
         return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    rebuild = f"rebuild it with `tiny-llm resolve --config <the recipe the run was trained with> > {path}`"
+    data = read_yaml(path, rebuild)
     return data if isinstance(data, dict) else {}
 
 
 def load_run(run_dir: Path, runs_dir: Path, sizes: dict[str, str], shapes: dict[tuple, str]) -> RunRecord:
-    result = read_json(run_dir / "result.json")
+    result = read_json_mapping(run_dir / "result.json", REBUILD_RESULT)
     recipe = _load_recipe(run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
     opt = recipe.get("optimizer") or {}

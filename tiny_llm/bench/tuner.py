@@ -31,9 +31,10 @@ from tiny_llm.bench.candidates import (
     tuned_settings,
 )
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
-from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
 
 KILL_GRACE_SECONDS = 5.0
+REBUILD_CANDIDATE = "delete it and rerun the same command: that candidate is measured again"
 # Keys copied from the worker JSON into a candidate result.
 WORKER_SUMMARY_KEYS = (
     "tokens_per_second",
@@ -66,7 +67,7 @@ def earlier_results(plan: Plan, results_dir: str | Path, slot: str) -> list[dict
         path = candidate_paths(results_dir, other.name)["result"]
         if not path.is_file():
             raise RunStateError(f"tuning result {path} is missing; run candidate {other.name} first")
-        out.append(read_json(path))
+        out.append(read_json_mapping(path, REBUILD_CANDIDATE))
     raise ConfigError(f"tuning slot '{slot}' is not in the plan of profile {plan.profile}")
 
 
@@ -259,7 +260,7 @@ def collect_results(plan: Plan, results_dir: str | Path) -> list[dict[str, Any]]
     for slot in plan.slots:
         path = candidate_paths(results_dir, slot.name)["result"]
         if path.is_file():
-            out.append(read_json(path))
+            out.append(read_json_mapping(path, REBUILD_CANDIDATE))
     return out
 
 
@@ -336,7 +337,7 @@ def select(plan: Plan, results_dir: str | Path, output_dir: str | Path | None = 
             "and the logs in candidates/"
         )
     best_name = summary["selected"]["name"]
-    best = read_json(candidate_paths(results_dir, best_name)["result"])
+    best = read_json_mapping(candidate_paths(results_dir, best_name)["result"], REBUILD_CANDIDATE)
     header = (
         f"# Tuning profile {plan.profile}: fastest successful candidate {best_name} "
         f"({best['tokens_per_second']:.1f} tokens/s)\n"

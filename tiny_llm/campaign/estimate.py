@@ -9,6 +9,7 @@ from typing import Any
 from tiny_llm.budget import make_budget
 from tiny_llm.campaign.stages import CampaignConfig, stage_name, stage_run_ids_of
 from tiny_llm.config import recipe_from_dict
+from tiny_llm.errors import REBUILD_TUNING
 from tiny_llm.io import read_json
 
 
@@ -54,7 +55,7 @@ def tuned_throughput(selected_file: str | Path) -> float | None:
     summary_file = Path(selected_file).with_name("summary.json")
     if not summary_file.is_file():
         return None
-    summary = read_json(summary_file)
+    summary = read_json(summary_file, REBUILD_TUNING)
     selected = summary.get("selected")
     rate = selected.get("tokens_per_second") if isinstance(selected, dict) else None
     return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None

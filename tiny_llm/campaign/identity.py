@@ -9,7 +9,7 @@ from typing import Any
 
 from tiny_llm.campaign.stages import CampaignConfig, settings_dict
 from tiny_llm.config import identity_differences, recipe_from_dict, recipe_identity_payload
-from tiny_llm.errors import RunStateError
+from tiny_llm.errors import REBUILD_CAMPAIGN, RunStateError
 from tiny_llm.io import canonical_json, read_json
 
 CAMPAIGN_FORMAT = 1
@@ -46,7 +46,7 @@ def check_unchanged(root: str | Path, payload: Mapping[str, Any]) -> bool:
     record = Path(root) / IDENTITY_FILE
     if not record.is_file():
         return False
-    old = read_json(record)
+    old = read_json(record, REBUILD_CAMPAIGN)
     if old.get("identity") == campaign_identity(payload):
         return True
     diffs = identity_differences(old.get("payload") or {}, dict(payload))

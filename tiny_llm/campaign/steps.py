@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tiny_llm.campaign.estimate import gpu_hour_estimate, planned_throughput
 from tiny_llm.campaign.identity import (
     IDENTITY_FILE,
@@ -27,15 +25,25 @@ from tiny_llm.campaign.stages import (
     template_path,
 )
 from tiny_llm.campaign.templates import build_template, child_recipes, stage1_recipes
-from tiny_llm.errors import ConfigError, RunStateError
-from tiny_llm.io import read_json
+from tiny_llm.errors import (
+    REBUILD_CAMPAIGN,
+    REBUILD_RESULT,
+    REBUILD_TUNING,
+    ConfigError,
+    DamagedFileError,
+    RunStateError,
+)
+from tiny_llm.io import damaged_message, read_json, read_json_mapping, read_yaml
 
 
-def _read_yaml(path: str | Path) -> dict[str, Any]:
+def _read_yaml(path: str | Path, rebuild: str = REBUILD_CAMPAIGN) -> dict[str, Any]:
+    """A YAML mapping; a damaged file is a DamagedFileError naming it and ``rebuild``."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = read_yaml(path, rebuild)
     except FileNotFoundError:
         raise ConfigError(f"file not found: {path}") from None
+    if data is None:
+        raise DamagedFileError(damaged_message(path, "empty", rebuild))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping")
     return data
@@ -46,7 +54,7 @@ def load_templates(config: CampaignConfig) -> dict[str, dict[str, Any]]:
     templates = {}
     for size in config.sizes:
         source = config.tuning.get(size)
-        tuning = _read_yaml(source) if source else None
+        tuning = _read_yaml(source, REBUILD_TUNING) if source else None
         templates[size] = build_template(config, size, tuning, source or "")
     return templates
 
@@ -77,7 +85,7 @@ def estimate_only(config: CampaignConfig) -> dict[str, Any]:
     templates = {}
     for size in config.sizes:
         source = config.tuning.get(size)
-        tuning = _read_yaml(source) if source and Path(source).is_file() else None
+        tuning = _read_yaml(source, REBUILD_TUNING) if source and Path(source).is_file() else None
         templates[size] = build_template(config, size, tuning, source or "")
     return gpu_hour_estimate(config, templates, planned_throughput(config))
 
@@ -97,7 +105,7 @@ def precheck(config: CampaignConfig) -> None:
     try:
         templates = load_templates(config)
         caches = {size: cache_identity_of(t) for size, t in templates.items()}
-    except (ConfigError, RunStateError):
+    except (ConfigError, RunStateError, DamagedFileError):
         return  # the plan step reports these with their own message once its inputs exist
     check_unchanged(config.root, campaign_identity_payload(config, templates, caches))
 
@@ -130,7 +138,9 @@ def _stage_outcomes(config: CampaignConfig, index: int) -> tuple[list[RunOutcome
         if not result_file.is_file():
             raise RunStateError(f"{stage} is not finished: {result_file} is missing")
         recipes[run.run_id] = _read_yaml(recipe_path(config, stage, run.run_id))
-        outcomes.append(outcome_from(run.run_id, read_json(result_file), recipes[run.run_id]))
+        outcomes.append(
+            outcome_from(run.run_id, read_json_mapping(result_file, REBUILD_RESULT), recipes[run.run_id])
+        )
     return outcomes, recipes
 
 

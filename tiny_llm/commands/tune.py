@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_json, read_json
+from tiny_llm.errors import REBUILD_TUNING, ConfigError
+from tiny_llm.io import atomic_write_json, read_json_mapping
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +65,8 @@ def _load_plan(path: str):
 
     if not Path(path).is_file():
         raise ConfigError(f"--plan: file not found: {path}")
-    return plan_from_dict(read_json(path))
+    rebuild = "delete it and rerun the same command: `tiny-llm tune plan` writes it again"
+    return plan_from_dict(read_json_mapping(path, rebuild))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         summary_path = Path(args.results_dir) / "summary.json"
         if args.plot and summary_path.is_file():
-            tuner.plot_summary(read_json(summary_path), args.plot)
+            tuner.plot_summary(read_json_mapping(summary_path, REBUILD_TUNING), args.plot)
     print(
         json.dumps({"selected": summary["selected"]["name"], "budget_exhausted": summary["budget_exhausted"]})
     )

@@ -34,8 +34,8 @@ from tiny_llm.data.tokenizer import (
     is_local_reference,
     load_tokenizer,
 )
-from tiny_llm.errors import DataError
-from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir
+from tiny_llm.errors import DataError, DiskFullError
+from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir, is_disk_full
 
 T = TypeVar("T")
 PREFETCH_BATCHES = 8
@@ -103,8 +103,15 @@ def prepare_cache(
                 cache_dir.rmdir()  # an empty placeholder directory
             os.replace(partial, cache_dir)
             fsync_dir(cache_dir.parent)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(partial, ignore_errors=True)
+            if is_disk_full(exc):
+                raise DiskFullError(
+                    f"disk full: no space left on the device holding {cache_dir.parent} while writing the "
+                    f"token cache into {partial} (its train split alone takes "
+                    f"{need * DTYPE.itemsize / 2**20:,.1f} MiB); the partial cache was removed and nothing "
+                    f"was published at {cache_dir}; free space there and rerun the same command"
+                ) from exc
             raise
     val = manifest["splits"]["validation"]["tokens"]
     return PrepareResult(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,18 @@ from tiny_llm.io import atomic_write_with
 STATE_FORMAT = "tiny-llm-train-state"
 STATE_VERSION = 1
 LATEST, FINAL = "latest.pt", "final.pt"
+SET_ASIDE_SUFFIX = ".corrupt"
+"""A damaged state file is renamed ``<name>.corrupt`` (kept for inspection, never deleted)."""
+
+
+class DamagedStateError(RunStateError):
+    """A state file that cannot be used: truncated, altered (a zip checksum fails), or not a state file."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = Path(path), " ".join(reason.split())[:200]
+        super().__init__(
+            f"{path}: damaged training state ({self.reason}); pass another state or --resume auto"
+        )
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -54,18 +69,41 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     atomic_torch_save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, path)
 
 
+def verify_state_file(path: Path) -> None:
+    """Check every record of the state's zip container against its CRC-32 (torch.save writes them;
+    torch.load reads neither them nor a truncated file's missing bytes until it is too late)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except FileNotFoundError:
+        raise RunStateError(f"resume state not found: {path}") from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise DamagedStateError(path, f"truncated or not a state file: {exc}") from None
+    if bad is not None:
+        raise DamagedStateError(path, f"checksum mismatch in record {bad}")
+
+
 def load_state(path: Path, *, lazy: bool = False) -> dict[str, Any]:
-    """Load a state file onto the CPU; ``lazy`` memory-maps tensors (cheap header reads)."""
+    """Load a state file onto the CPU, its checksums verified first; ``lazy`` memory-maps tensors and skips
+    the checksums (cheap header reads). DamagedStateError names a damaged file."""
+    if not lazy:
+        verify_state_file(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=lazy)
     except FileNotFoundError:
         raise RunStateError(f"resume state not found: {path}") from None
     except Exception as exc:  # truncated or foreign file
-        raise RunStateError(f"{path}: not a readable training state ({type(exc).__name__}: {exc})") from None
+        first = str(exc).split(". ")[0]
+        raise DamagedStateError(
+            path, f"not a readable training state: {type(exc).__name__}: {first}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise RunStateError(f"{path}: not a tiny-llm training state file")
+        raise DamagedStateError(path, "not a tiny-llm training state file")
     if state.get("version") != STATE_VERSION:
-        raise RunStateError(f"{path}: state version {state.get('version')} is not supported")
+        raise RunStateError(
+            f"{path}: state version {state.get('version')} is not supported; resume it with the tiny-llm "
+            "version that wrote it, or move it away to start the run afresh"
+        )
     return state
 
 
@@ -74,20 +112,66 @@ def state_candidates(run_dir: Path) -> list[Path]:
     return [run_dir / n for n in names if (run_dir / n).is_file()]
 
 
+def _header_step(path: Path) -> int:
+    try:
+        return int(load_state(path, lazy=True)["progress"]["step"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedStateError(path, f"no progress step ({type(exc).__name__}: {exc})") from None
+
+
 def newest_state(run_dir: Path) -> tuple[Path | None, list[str]]:
-    """The valid state with the most updates (final.pt wins ties) and warnings about unreadable ones."""
+    """The valid state with the most updates (final.pt wins ties) and warnings about unreadable ones
+    (header reads only: a file damaged after its header is found by load_state's checksums)."""
     best: tuple[int, int, Path] | None = None
     warnings = []
     for path in state_candidates(run_dir):
         try:
-            step = int(load_state(path, lazy=True)["progress"]["step"])
-        except (RunStateError, KeyError, TypeError, ValueError) as exc:
+            step = _header_step(path)
+        except RunStateError as exc:
             warnings.append(f"skipping {path.name}: {exc}")
             continue
         rank = (step, 1 if path.name == FINAL else 0, path)
         if best is None or rank[:2] > best[:2]:
             best = rank
     return (best[2] if best else None), warnings
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged state to ``<name>.corrupt`` (replacing an older one) so no resume picks it again."""
+    aside = path.with_name(path.name + SET_ASIDE_SUFFIX)
+    os.replace(path, aside)
+    return aside
+
+
+def newest_usable_state(
+    run_dir: Path, log: Callable[[str], None]
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest state that loads and passes its checksums (final.pt wins ties), loaded, or (None, None).
+
+    Every damaged state met on the way is set aside as ``<name>.corrupt`` and named in one ``log`` line
+    saying what is used instead: an older state, or a fresh start when none is left.
+    """
+    ranked, damaged = [], []
+    for path in state_candidates(run_dir):
+        try:
+            ranked.append(((_header_step(path), 1 if path.name == FINAL else 0), path))
+        except DamagedStateError as exc:
+            damaged.append(exc)
+    chosen: tuple[Path, dict[str, Any]] | None = None
+    for _, path in sorted(ranked, key=lambda item: item[0], reverse=True):
+        try:
+            chosen = (path, load_state(path))
+            break
+        except DamagedStateError as exc:
+            damaged.append(exc)
+    if chosen is None:
+        instead = "no other valid state: starting the run afresh"
+    else:
+        instead = f"resuming from {chosen[0].name} (step {int(chosen[1]['progress']['step'])}) instead"
+    for exc in damaged:
+        aside = set_aside(exc.path)
+        log(f"warning: {exc.path} is damaged ({exc.reason}); kept as {aside.name}; {instead}")
+    return chosen if chosen is not None else (None, None)
 
 
 def epoch_stem(epoch: int) -> str:

@@ -20,7 +20,7 @@ from tiny_llm.budget import Budget, flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_payload, recipe_to_dict
 from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
-from tiny_llm.errors import RunStateError
+from tiny_llm.errors import DiskFullError, RunStateError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
 from tiny_llm.model import count_parameters, loss_sum
 from tiny_llm.runtime import signals
@@ -104,8 +104,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
-    def start(self, resume_path: Path | None) -> None:
-        state = checkpoint.load_state(resume_path) if resume_path else None
+    def start(self, resume_path: Path | None, state: dict[str, Any] | None = None) -> None:
+        """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded)."""
+        if state is None and resume_path is not None:
+            state = checkpoint.load_state(resume_path)
         if state is not None:
             self._check_compatible(state, resume_path)
         self.engine = self.build_engine(self.recipe, self.device)
@@ -390,11 +392,15 @@ class Trainer:
 
     def interrupt(self) -> int:
         if self.policy != "none" and self.engine is not None:
-            self.save(checkpoint.LATEST)
-            where = f"state saved to {self.run_dir / checkpoint.LATEST}"
+            try:
+                self.save(checkpoint.LATEST)
+                where = f"state saved to {self.run_dir / checkpoint.LATEST}"
+            except DiskFullError as exc:
+                where = f"no state saved ({exc})"
         else:
             where = "no state saved (checkpoint_policy none)"
-        self._write_status("interrupted")
+        with contextlib.suppress(DiskFullError):
+            self._write_status("interrupted")
         self.log(f"interrupted at step {self.progress.step}; {where}")
         return EXIT_INTERRUPTED
 
@@ -443,7 +449,8 @@ class Trainer:
         atomic_write_json(self.run_dir / "status.json", body)
 
     def fail(self, error: str) -> int:
-        self._write_status("failed", error=error)
+        with contextlib.suppress(DiskFullError):  # a full disk may refuse status.json too: run.log says why
+            self._write_status("failed", error=error)
         self.log(f"failed at step {self.progress.step}: {error}")
         return EXIT_FAILED
 
@@ -455,22 +462,23 @@ class Trainer:
 # ---------------------------------------------------------------------- entry point
 
 
-def resolve_resume(run_dir: Path, resume: str | None, log: RunLog) -> Path | None:
-    """--resume PATH -> that file; auto -> the newest valid state or None; absent -> refuse to clobber."""
+def resolve_resume(
+    run_dir: Path, resume: str | None, log: RunLog
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """(state file, its state if already loaded): --resume PATH -> that file; auto -> the newest state that
+    loads and passes its checksums (damaged ones set aside, one line each), or a fresh start; absent ->
+    refuse to clobber existing state."""
     if resume == "auto":
-        path, warnings = checkpoint.newest_state(run_dir)
-        for warning in warnings:
-            log(f"warning: {warning}")
-        return path
+        return checkpoint.newest_usable_state(run_dir, log)
     if resume:
-        return Path(resume)
+        return Path(resume), None
     existing = checkpoint.state_candidates(run_dir)
     if existing:
         raise RunStateError(
             f"{run_dir} already holds training state ({existing[0].name}); pass --resume auto to continue it "
             "or choose a new runtime.output_dir"
         )
-    return None
+    return None, None
 
 
 def already_complete(run_dir: Path, identity: str) -> bool:
@@ -491,17 +499,17 @@ def run_training(
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
     with exclusive_lock(run_dir / ".lock", f"run directory {run_dir}"), signals.stop_on_signals():
-        resume_path = resolve_resume(run_dir, resume, log)
+        given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE
         try:
-            trainer.start(resume_path)
+            trainer.start(*(given if given is not None else resolve_resume(run_dir, resume, log)))
             return trainer.run()
         except Interrupted:
             return trainer.interrupt()
-        except NonFiniteError as exc:
+        except (NonFiniteError, DiskFullError) as exc:
             return trainer.fail(str(exc))
         except RunStateError:
             raise

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.io import append_jsonl, atomic_write_text
+from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
 
 RESUMABLE_EVENTS = ("train", "validation")
 
@@ -24,11 +24,11 @@ class MetricsLog:
         if not self.path.is_file():
             return []
         rows = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                break  # a torn last line from a killed process
+                break  # a torn last line from a killed process (or a full disk): resuming rewrites it
         return rows
 
     def truncate_to_step(self, step: int) -> None:
@@ -52,8 +52,12 @@ class RunLog:
 
     def __call__(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(f"{stamp} {message}\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(f"{stamp} {message}\n")
+        except OSError as exc:  # a full disk: the console still gets the line
+            if not is_disk_full(exc):
+                raise
         if not self.quiet:
             print(message, file=sys.stdout, flush=True)
 
