@@ -51,6 +51,7 @@ include: "rules/runs.smk"
 include: "rules/tuning.smk"
 include: "rules/campaign.smk"
 include: "rules/packed.smk"
+include: "rules/export.smk"
 
 
 rule all:
@@ -61,6 +62,7 @@ rule all:
         PLAN.default_targets("tuning"),
         PLAN.default_targets("campaign"),
         PLAN.default_targets("packed"),
+        PLAN.default_targets("export"),
 
 
 rule data:
@@ -86,6 +88,11 @@ rule campaign:
 rule packed:
     input:
         PLAN.targets("packed"),
+
+
+rule export:
+    input:
+        PLAN.targets("export"),
 
 
 onstart:

@@ -20,6 +20,8 @@ from tiny_llm.pipeline import (
     tuning_dir,
     write_plan_file,
 )
+from tiny_llm.pipeline.export import EXPORTS_DIR, EXPORTS_REPORT_DIR
+from tiny_llm.pipeline.export import PROMPTS_FILE as EXPORT_PROMPTS
 
 
 wildcard_constraints:
@@ -45,6 +47,11 @@ def or_exit(ask, *args):
 def output_parent(wildcards, output) -> str:
     """Directory of a rule's first output (for commands that take an output directory)."""
     return str(Path(output[0]).parent)
+
+
+def input_parent(wildcards, input) -> str:
+    """Directory of a rule's first input (a run directory, from its result.json)."""
+    return str(Path(input[0]).parent)
 
 
 def runs_root(wildcards, input) -> str:
@@ -127,3 +134,10 @@ def campaign_root(wildcards, output) -> str:
 
 def campaign_thread_flags(wildcards, threads) -> str:
     return PLAN.campaign.thread_flags(wildcards.run, threads)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_ranking(wildcards) -> str:
+    return PLAN.export.ranking(wildcards.size)

@@ -92,3 +92,19 @@ def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "results/cpu-tuning").mkdir(parents=True)
     (tmp_path / "results/cpu-tuning/selected.yaml").write_text("{}")
     assert plan.where_to_look() == ["  tuning    results/cpu-tuning/selected.yaml"]
+
+
+def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
+    plan = plan_of(shipped("workflow_config.yaml"))
+    assert plan.export.directories()[:2] == ["results/exports/demo-s", "results/exports/demo-s-wsd"]
+    assert plan.export.ranking("demo-l") == "results/campaign/stage3/ranking.json"
+    prompts = plan.files.content("results/exports/prompts.yaml")
+    assert prompts["prompts"] and prompts["temperature"] == 0.8
+    config = shipped("workflow_config.yaml")
+    config["export"] = {"campaign": False, "sampling": {"temperature": 0}, "default_target": False}
+    quiet = plan_of(config)
+    assert [path.split("/")[-1] for path in quiet.export.directories()] == ["demo-s", "demo-s-wsd"]
+    assert quiet.default_targets("export") == [] and quiet.targets("export")
+    config["export"] = {"sampling": {"top_p": 2}}
+    with pytest.raises(ConfigError, match="export.sampling: top_p must be in"):
+        plan_of(config)

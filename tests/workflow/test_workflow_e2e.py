@@ -247,3 +247,17 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
     again = snakemake(tmp_path, config, "runs", "--cores", "2", timeout=400)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from" in (run_dir / "run.log").read_text()
+
+
+def test_export_stage_writes_the_model_and_its_samples(killed_and_resumed: KilledAndResumed) -> None:
+    state = killed_and_resumed
+    proc = snakemake(state.workdir, state.config, "export", "--cores", "2", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    export = state.workdir / "results" / "exports" / RUN
+    config = json.loads((export / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    assert (export / "model.safetensors").stat().st_size > 100_000
+    samples = (state.workdir / "results" / "report" / "exports" / "samples.html").read_text()
+    assert "The history of the city" in samples and RUN in samples
+    rows = json.loads((state.workdir / "results" / "report" / "exports" / "exports.json").read_text())
+    assert json.dumps(rows).count(RUN) >= 1

@@ -114,3 +114,14 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert tests in ci.splitlines()
     assert "set -euo pipefail" in ci
+
+
+def test_export_stage_dry_runs_one_job_per_run_and_campaign_size(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "export")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    config = _load_yaml(REPO / "workflow_config.yaml")
+    sizes = {stage["size"] for stage in config["campaign"]["stages"]}
+    assert counts["export_run"] == len(config["runs"]) and counts["export_best"] == len(sizes)
+    assert counts["report_exports"] == 1
+    assert "--best-of results/campaign/stage3/ranking.json" in proc.stdout

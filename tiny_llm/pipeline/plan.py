@@ -16,6 +16,7 @@ from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.campaign import CampaignPlan
+from tiny_llm.pipeline.export import EXPORTS_REPORT_DIR, ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
     CORPUS_DIR,
@@ -33,7 +34,7 @@ from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed")
+STAGES = ("data", "runs", "tuning", "campaign", "packed", "export")
 # Jobs that measure throughput: nothing else may run beside them (see WorkflowPlan.threads).
 TIMED_KINDS = ("tuning", "bench")
 
@@ -73,6 +74,7 @@ class WorkflowPlan:
         self.campaign = self._campaign(check_files) if config["campaign"]["stages"] else None
         self.packed = PackedPlan(self.book, config["packed"], self.files)
         self._need_cache(*self.packed.recipes.values())
+        self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         if config["sizes"]:
             self.files.add(PREPARE_RECIPE, self._prepare_recipe())
 
@@ -204,6 +206,7 @@ class WorkflowPlan:
             "tuning": self.tuning.targets(),
             "campaign": [f"{self.campaign.root}/report/report.md"] if self.campaign else [],
             "packed": [f"{PACKED_REPORT_DIR}/report.md", f"{PACKED_BENCH_DIR}/summary.json"],
+            "export": [f"{EXPORTS_REPORT_DIR}/samples.html", "results/exports/"],
         }
         lines = []
         for stage, files in picks.items():
@@ -235,12 +238,15 @@ class WorkflowPlan:
             return self.campaign.targets() if self.campaign else []
         if stage == "packed":
             return self.packed.targets()
+        if stage == "export":
+            return self.export.targets()
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
     def default_targets(self, stage: str) -> list[str]:
         """A stage's files in `snakemake` with no target: nothing when the config disables the stage."""
         enabled = {"campaign": bool(self.campaign and self.campaign.enabled)}
         enabled["packed"] = self.config["packed"]["default_target"]
+        enabled["export"] = self.config["export"]["default_target"]
         return self.targets(stage) if enabled.get(stage, True) else []
 
 
