@@ -3,15 +3,22 @@
 ``write_report(runs_dir, out_dir)`` finds every run directory with a
 ``result.json`` under ``runs_dir`` and writes:
 
-- ``comparison.json``: one row per run {run, stage, preset, parameters, lr,
-  weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes};
-- ``report.md``: the same rows as a Markdown table;
-- ``table.html``: that table as a standalone HTML page (the Snakemake HTML report shows it rendered);
-- ``learning-curves.png``: subset validation loss vs training tokens, one panel per size;
-- ``selected-<size>.yaml``: the complete recipe of each size's best run.
+- ``comparison.json``: one row per run {kind "run", run, stage, preset, parameters, lr,
+  weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes, beta1, seed,
+  configuration, status}; for a campaign (a ``campaign.json`` in ``runs_dir``) also one row per
+  configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n, runs, seeds,
+  diverged, ...};
+- ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
+  configurations with their final loss as mean ± SD;
+- ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
+- ``learning-curves.png``: per size, the training loss of the logged windows and the subset validation
+  loss vs training tokens; a configuration with several seeds is drawn as their mean with the seeds'
+  range as a band;
+- ``selected-<size>.yaml``: the complete recipe of each size's best configuration (its first seed's run).
 
-Rows are ordered by stage, then by rank (final full-validation loss; ties ->
-lower lr, weight decay, beta2), the order the campaign promotes in.
+Rows are ordered by stage, then by the rank of their configuration (mean final full-validation loss over
+its seeds; a diverged seed counts as the worst loss; ties -> lower lr, weight decay, beta1, beta2), the
+order the campaign promotes in, then by seed.
 """
 
 from __future__ import annotations
@@ -28,12 +35,27 @@ from typing import Any
 
 import yaml
 
-from tiny_llm.campaign import RunOutcome, final_loss, rank_key
+from tiny_llm.campaign import (
+    ConfigurationOutcome,
+    RunOutcome,
+    configuration_key,
+    final_loss,
+    loss_summary,
+)
 from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
 from tiny_llm.io import atomic_write_json, atomic_write_text, read_json_mapping, read_yaml
 
 GIB = 1024**3
 TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
+CONFIG_HEADER = (
+    "Configuration", "Seeds", "Parameters", "LR", "Decay", "β1", "β2", "Final loss (mean ± SD)", "Tokens",
+    "Median tok/s", "Peak GiB",
+)  # fmt: skip
+CONFIG_NOTE = (
+    "One row per configuration: its final losses over the seeds as mean ± sample SD (one seed: no SD); a "
+    "seed that diverged counts as the worst loss, so its configuration ranks after every one whose seeds "
+    "all finished. Median tok/s: the median of its runs' medians; Peak GiB: their largest peak."
+)
 TABLE_NOTE = (
     "Final loss = full validation loss after the last epoch (nats per token); "
     "Median tok/s = median of the logged training windows, measured while other training jobs of the same "
@@ -61,24 +83,100 @@ class RunRecord:
     """'complete', or 'diverged' for a run that stopped on a non-finite loss (no final loss)."""
     recipe: dict[str, Any] = field(repr=False)
     curve: list[tuple[int, float]] = field(repr=False)
+    """(training tokens, subset validation loss) after every epoch."""
+    train_curve: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    """(training tokens, training loss of the logged window) of every train row."""
+    beta1: float | None = None
+    seed: int | None = None
+    configuration: str = ""
+    """The campaign configuration the run is a seed of ('' = a configuration of its own)."""
+
+    @property
+    def configuration_id(self) -> str:
+        return self.configuration or self.run
 
     def row(self) -> dict[str, Any]:
         keys = ("run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens")
-        out = {k: getattr(self, k) for k in keys}
+        out: dict[str, Any] = {"kind": "run", **{k: getattr(self, k) for k in keys}}
         out["median_tokens_per_second"] = self.median_tokens_per_second
         out["peak_memory_bytes"] = self.peak_memory_bytes
+        out["beta1"] = self.beta1
+        out["seed"] = self.seed
+        out["configuration"] = self.configuration_id
+        out["status"] = self.status
         return out
 
-    def sort_key(self) -> tuple:
+    def outcome(self) -> RunOutcome:
         inf = math.inf
-        outcome = RunOutcome(
+        return RunOutcome(
             self.run,
             self.loss if self.loss is not None else inf,
             self.lr if self.lr is not None else inf,
             self.weight_decay if self.weight_decay is not None else inf,
             self.beta2 if self.beta2 is not None else inf,
+            self.beta1 if self.beta1 is not None else inf,
+            self.configuration_id,
+            self.seed,
         )
-        return (_stage_order(self.stage), rank_key(outcome))
+
+
+@dataclass
+class ConfigurationRecord:
+    """The runs (one per seed) of one configuration of a stage, as the report aggregates them."""
+
+    configuration: str
+    stage: str | None
+    preset: str
+    members: list[RunRecord]
+    """Its runs, by seed."""
+    rank: int = 0
+    """Rank within its stage (0 = best)."""
+
+    def outcome(self) -> ConfigurationOutcome:
+        return ConfigurationOutcome(self.configuration, tuple(m.outcome() for m in self.members))
+
+    @property
+    def first(self) -> RunRecord:
+        return self.members[0]
+
+    @property
+    def mean(self) -> float | None:
+        return loss_summary([m.outcome().loss for m in self.members])[0]
+
+    @property
+    def sd(self) -> float | None:
+        return loss_summary([m.outcome().loss for m in self.members])[1]
+
+    @property
+    def diverged(self) -> list[str]:
+        return [m.run for m in self.members if m.loss is None]
+
+    def row(self) -> dict[str, Any]:
+        rates = [m.median_tokens_per_second for m in self.members if m.median_tokens_per_second is not None]
+        peaks = [m.peak_memory_bytes for m in self.members if m.peak_memory_bytes is not None]
+        first = self.first
+        return {
+            "kind": "configuration",
+            "configuration": self.configuration,
+            "stage": self.stage,
+            "preset": self.preset,
+            "rank": self.rank,
+            "parameters": first.parameters,
+            "lr": first.lr,
+            "weight_decay": first.weight_decay,
+            "beta1": first.beta1,
+            "beta2": first.beta2,
+            "loss_mean": self.mean,
+            "loss_sd": self.sd,
+            "n": len(self.members),
+            "runs": [m.run for m in self.members],
+            "seeds": [m.seed for m in self.members],
+            "losses": [m.loss for m in self.members],
+            "diverged": self.diverged,
+            "tokens": first.tokens,
+            "median_tokens_per_second": float(statistics.median(rates)) if rates else None,
+            "peak_memory_bytes": max(peaks) if peaks else None,
+        }
 
 
 def _stage_order(stage: str | None) -> tuple[int, str]:
@@ -123,6 +221,15 @@ def subset_curve(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
+def train_curve(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(training tokens, training loss of the logged window) of every train row (dense, between epochs)."""
+    points = {}
+    for r in rows:
+        if r.get("event") == "train" and _number(r.get("tokens")) and _number(r.get("loss")):
+            points[int(r["tokens"])] = float(r["loss"])
+    return sorted(points.items())
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -156,6 +263,18 @@ def _campaign_sizes(runs_dir: Path) -> dict[str, str]:
     return {run: stage["size"] for stage in stages for run in stage["runs"]}
 
 
+def _campaign_configurations(runs_dir: Path) -> dict[str, str]:
+    """Run id -> its configuration, from a campaign.json (campaigns planned before seeds: none)."""
+    record = runs_dir / "campaign.json"
+    if not record.is_file():
+        return {}
+    members = {}
+    for stage in read_json_mapping(record, REBUILD_CAMPAIGN).get("stages", []):
+        for configuration, runs in (stage.get("configurations") or {}).items():
+            members.update(dict.fromkeys(runs, configuration))
+    return members
+
+
 def _size_of(run: str, recipe: dict[str, Any], sizes: dict[str, str], shapes: dict[tuple, str]) -> str:
     if run in sizes:
         return sizes[run]
@@ -174,7 +293,13 @@ def _load_recipe(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def load_run(run_dir: Path, runs_dir: Path, sizes: dict[str, str], shapes: dict[tuple, str]) -> RunRecord:
+def load_run(
+    run_dir: Path,
+    runs_dir: Path,
+    sizes: dict[str, str],
+    shapes: dict[tuple, str],
+    configurations: dict[str, str] | None = None,
+) -> RunRecord:
     result = read_json_mapping(run_dir / "result.json", REBUILD_RESULT)
     recipe = _load_recipe(run_dir)
     metrics = read_metrics(run_dir / "metrics.jsonl")
@@ -200,20 +325,45 @@ def load_run(run_dir: Path, runs_dir: Path, sizes: dict[str, str], shapes: dict[
         status=str(result.get("status", "complete")),
         recipe=recipe,
         curve=subset_curve(metrics),
+        train_curve=train_curve(metrics),
+        beta1=opt.get("beta1"),
+        seed=(recipe.get("runtime") or {}).get("seed"),
+        configuration=(configurations or {}).get(run_dir.name, ""),
     )
 
 
 def collect_runs(runs_dir: str | Path) -> list[RunRecord]:
-    """Every run under ``runs_dir`` with a result.json, in stage-then-rank order."""
+    """Every run under ``runs_dir`` with a result.json, ordered by stage, configuration rank, then seed."""
     root = Path(runs_dir)
     if not root.is_dir():
         raise DataError(f"runs directory not found: {root}")
     found = sorted(p.parent for p in root.rglob("result.json"))
     if not found:
         raise DataError(f"no finished runs (result.json) under {root}; train some runs first")
-    sizes, shapes = _campaign_sizes(root), _preset_shapes()
-    records = [load_run(d, root, sizes, shapes) for d in found]
-    return sorted(records, key=RunRecord.sort_key)
+    sizes, shapes, members = _campaign_sizes(root), _preset_shapes(), _campaign_configurations(root)
+    records = [load_run(d, root, sizes, shapes, members) for d in found]
+    return [m for c in group_configurations(records) for m in c.members]
+
+
+def _seed_order(rec: RunRecord) -> tuple:
+    return (rec.seed is not None, rec.seed if rec.seed is not None else 0, rec.run)
+
+
+def group_configurations(records: list[RunRecord]) -> list[ConfigurationRecord]:
+    """Runs grouped by (stage, configuration), ranked within each stage, stages in order; members by seed."""
+    groups: dict[tuple[str | None, str], list[RunRecord]] = {}
+    for rec in records:
+        groups.setdefault((rec.stage, rec.configuration_id), []).append(rec)
+    configurations = [
+        ConfigurationRecord(cid, stage, members[0].preset, sorted(members, key=_seed_order))
+        for (stage, cid), members in groups.items()
+    ]
+    configurations.sort(key=lambda c: (_stage_order(c.stage), configuration_key(c.outcome())))
+    ranks: dict[str | None, int] = {}
+    for c in configurations:
+        c.rank = ranks.get(c.stage, 0)
+        ranks[c.stage] = c.rank + 1
+    return configurations
 
 
 # ----------------------------------------------------------------------------- writing
@@ -248,28 +398,86 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def best_per_size(records: list[RunRecord]) -> dict[str, RunRecord]:
-    """Size -> its best run with a final loss, sizes in the order they first appear."""
-    best: dict[str, RunRecord] = {}
-    for rec in records:
-        if rec.loss is not None and (
-            rec.preset not in best or rec.sort_key()[1] < best[rec.preset].sort_key()[1]
+def config_cells(row: dict[str, Any]) -> list[str]:
+    """One row of the configuration table from one comparison.json configuration row."""
+    if row["diverged"]:
+        loss = f"diverged ({len(row['diverged'])} of {row['n']} seeds)"
+    elif row["loss_sd"] is None:
+        loss = _fmt(row["loss_mean"], "loss")
+    else:
+        loss = f"{_fmt(row['loss_mean'], 'loss')} ± {_fmt(row['loss_sd'], 'loss')}"
+    seeds = ", ".join("-" if s is None else str(s) for s in row["seeds"])
+    return [
+        row["configuration"],
+        seeds,
+        _fmt(row["parameters"], "int"),
+        _fmt(row["lr"], "num"),
+        _fmt(row["weight_decay"], "num"),
+        _fmt(row["beta1"], "num"),
+        _fmt(row["beta2"], "num"),
+        loss,
+        _fmt(row["tokens"], "int"),
+        _fmt(row["median_tokens_per_second"], "rate"),
+        _fmt(row["peak_memory_bytes"], "gib"),
+    ]
+
+
+def best_per_size(configurations: list[ConfigurationRecord]) -> dict[str, ConfigurationRecord]:
+    """Size -> its best configuration whose seeds all have a final loss, sizes in order of appearance."""
+    best: dict[str, ConfigurationRecord] = {}
+    for c in configurations:
+        if c.mean is None:
+            continue
+        if c.preset not in best or configuration_key(c.outcome()) < configuration_key(
+            best[c.preset].outcome()
         ):
-            best[rec.preset] = rec
+            best[c.preset] = c
     return best
 
 
-def markdown(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
+def _seeded(configurations: list[ConfigurationRecord]) -> bool:
+    """Whether any configuration has several runs (then the report shows the configuration table)."""
+    return any(len(c.members) > 1 for c in configurations)
+
+
+def _describe_best(c: ConfigurationRecord) -> str:
+    if len(c.members) == 1:
+        return f"`{c.first.run}` (loss {_fmt(c.mean, 'loss')})"
+    spread = f" ± {_fmt(c.sd, 'loss')}" if c.sd is not None else ""
+    return f"`{c.configuration}` (loss {_fmt(c.mean, 'loss')}{spread} over {len(c.members)} seeds)"
+
+
+def _diverged_note(records: list[RunRecord], seeded: bool) -> str:
+    diverged = [r.run for r in records if r.status == "diverged"]
+    if not diverged:
+        return ""
+    if seeded:
+        return (
+            f"Diverged (non-finite loss; counted as the worst loss, so its configuration ranks after every "
+            f"configuration whose seeds all finished): {', '.join(diverged)}."
+        )
+    return f"Diverged (non-finite loss; ranked last): {', '.join(diverged)}."
+
+
+def markdown(
+    records: list[RunRecord], configurations: list[ConfigurationRecord], best: dict[str, ConfigurationRecord]
+) -> str:
     lines = ["# Run comparison", ""]
+    seeded = _seeded(configurations)
+    if seeded:
+        lines += ["## Configurations (final loss: mean ± SD over seeds)", "", CONFIG_NOTE, ""]
+        lines += ["| " + " | ".join(CONFIG_HEADER) + " |", "|" + "---|" * len(CONFIG_HEADER)]
+        lines += ["| " + " | ".join(config_cells(c.row())) + " |" for c in configurations]
+        lines += ["", "## Runs", ""]
     lines.append(TABLE_NOTE)
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r.row())) + " |" for r in records]
-    diverged = [r.run for r in records if r.status == "diverged"]
-    if diverged:
-        lines += ["", f"Diverged (non-finite loss; ranked last): {', '.join(diverged)}."]
-    lines += ["", "## Best run per size", ""]
-    for size, rec in best.items():
-        lines.append(f"- {size}: `{rec.run}` (loss {_fmt(rec.loss, 'loss')}) -> `selected-{size}.yaml`")
+    note = _diverged_note(records, seeded)
+    if note:
+        lines += ["", note]
+    lines += ["", "## Best configuration per size" if seeded else "## Best run per size", ""]
+    for size, c in best.items():
+        lines.append(f"- {size}: {_describe_best(c)} -> `selected-{size}.yaml`")
     lines += ["", "![learning curves](learning-curves.png)", ""]
     return "\n".join(lines)
 
@@ -288,47 +496,69 @@ p.note { color: #555; max-width: 60em; }
 """
 
 
-def table_html(records: list[RunRecord], best: dict[str, RunRecord]) -> str:
-    """The report.md table as a standalone HTML page (what the Snakemake HTML report embeds)."""
-    best_runs = {rec.run for rec in best.values()}
-    numeric = [False] + [True] * (len(TABLE_HEADER) - 1)
+def _html_table(
+    header: tuple[str, ...],
+    items: list[tuple[str | None, str, list[str]]],
+    stages: bool,
+) -> list[str]:
+    """A table of (stage, row class, cells) items; a stage row before each stage when ``stages``."""
+    numeric = [False] + [True] * (len(header) - 1)
     head = "".join(
         f'<th class="num">{escape(h)}</th>' if num else f"<th>{escape(h)}</th>"
-        for h, num in zip(TABLE_HEADER, numeric, strict=True)
+        for h, num in zip(header, numeric, strict=True)
     )
     body = []
-    stages = {r.stage for r in records}
     current: object = object()
-    for rec in records:
-        if len(stages) > 1 and rec.stage != current:
-            current = rec.stage
-            body.append(
-                f'<tr class="stage"><td colspan="{len(TABLE_HEADER)}">{escape(rec.stage or "-")}</td></tr>'
-            )
-        cells = "".join(
+    for stage, kind, cells in items:
+        if stages and stage != current:
+            current = stage
+            body.append(f'<tr class="stage"><td colspan="{len(header)}">{escape(stage or "-")}</td></tr>')
+        tds = "".join(
             f'<td class="num">{escape(c)}</td>' if num else f"<td>{escape(c)}</td>"
-            for c, num in zip(table_cells(rec.row()), numeric, strict=True)
+            for c, num in zip(cells, numeric, strict=True)
         )
-        kind = "best" if rec.run in best_runs else "diverged" if rec.status == "diverged" else ""
-        body.append(f'<tr class="{kind}">{cells}</tr>' if kind else f"<tr>{cells}</tr>")
+        body.append(f'<tr class="{kind}">{tds}</tr>' if kind else f"<tr>{tds}</tr>")
+    return [f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>"]
+
+
+def table_html(
+    records: list[RunRecord], configurations: list[ConfigurationRecord], best: dict[str, ConfigurationRecord]
+) -> str:
+    """The report.md tables as a standalone HTML page (what the Snakemake HTML report embeds)."""
+    seeded = _seeded(configurations)
+    best_configurations = {(c.stage, c.configuration) for c in best.values()}
+    best_runs = set() if seeded else {c.first.run for c in best.values()}
+    stages = len({r.stage for r in records}) > 1
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><title>Run comparison</title>',
         f"<style>{TABLE_CSS}</style></head><body>",
         "<h1>Run comparison</h1>",
-        f'<p class="note">{escape(TABLE_NOTE)} Bold: the best run of each size.</p>',
-        f"<table><thead><tr>{head}</tr></thead><tbody>",
-        *body,
-        "</tbody></table>",
     ]
-    diverged = [r.run for r in records if r.status == "diverged"]
-    if diverged:
-        parts.append(f"<p>Diverged (non-finite loss; ranked last): {escape(', '.join(diverged))}.</p>")
-    parts.append("<h2>Best run per size</h2><ul>")
-    for size, rec in best.items():
+    if seeded:
+        items = []
+        for c in configurations:
+            kind = "best" if (c.stage, c.configuration) in best_configurations else ""
+            items.append((c.stage, kind or ("diverged" if c.diverged else ""), config_cells(c.row())))
+        parts.append("<h2>Configurations (final loss: mean ± SD over seeds)</h2>")
+        parts.append(f'<p class="note">{escape(CONFIG_NOTE)} Bold: the best configuration of each size.</p>')
+        parts += _html_table(CONFIG_HEADER, items, stages)
+        parts.append("<h2>Runs</h2>")
+    items = []
+    for rec in records:
+        kind = "best" if rec.run in best_runs else "diverged" if rec.status == "diverged" else ""
+        items.append((rec.stage, kind, table_cells(rec.row())))
+    extra = "" if seeded else " Bold: the best run of each size."
+    parts.append(f'<p class="note">{escape(TABLE_NOTE)}{extra}</p>')
+    parts += _html_table(TABLE_HEADER, items, stages)
+    note = _diverged_note(records, seeded)
+    if note:
+        parts.append(f"<p>{escape(note)}</p>")
+    parts.append(f"<h2>{'Best configuration per size' if seeded else 'Best run per size'}</h2><ul>")
+    for size, c in best.items():
+        text = _describe_best(c).replace("`", "")
         parts.append(
-            f"<li>{escape(size)}: <code>{escape(rec.run)}</code> (loss {_fmt(rec.loss, 'loss')}) "
-            f"&rarr; <code>selected-{escape(size)}.yaml</code></li>"
+            f"<li>{escape(size)}: {escape(text)} &rarr; <code>selected-{escape(size)}.yaml</code></li>"
         )
     parts += ["</ul>", "</body></html>", ""]
     return "\n".join(parts)
@@ -404,8 +634,47 @@ def run_labels(records: list[RunRecord]) -> dict[str, str]:
     return labels if len(set(labels.values())) == len(labels) else ids
 
 
+def mean_curve(
+    curves: list[list[tuple[int, float]]],
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(tokens, mean, min, max) over ``curves`` at every token count any of them logged (a seed that stopped
+    early, e.g. diverged, leaves the mean of the others from there on)."""
+    by_token: dict[int, list[float]] = {}
+    for curve in curves:
+        for tokens, loss in curve:
+            by_token.setdefault(tokens, []).append(loss)
+    tokens = sorted(by_token)
+    return (
+        tokens,
+        [statistics.fmean(by_token[t]) for t in tokens],
+        [min(by_token[t]) for t in tokens],
+        [max(by_token[t]) for t in tokens],
+    )
+
+
+def _series_labels(configurations: list[ConfigurationRecord]) -> dict[str, str]:
+    """Configuration id -> legend label: what differs between their first runs (their seeds are alike)."""
+    labels = run_labels([c.first for c in configurations])
+    out = {}
+    for c in configurations:  # nothing tells them apart: the configuration's id, not its first run's
+        label = labels[c.first.run]
+        out[c.configuration] = c.configuration if label == c.first.run else label
+    return out
+
+
+def _panel_title(size: str, configurations: list[ConfigurationRecord]) -> str:
+    seeds = {len(c.members) for c in configurations}
+    if seeds == {1} or not seeds:
+        return f"{size} ({len(configurations)} run{'s' if len(configurations) != 1 else ''})"
+    per = f"{seeds.pop()} seeds" if len(seeds) == 1 else "several seeds"
+    many = "s" if len(configurations) != 1 else ""
+    return f"{size} ({len(configurations)} configuration{many} × {per}: mean, band = range)"
+
+
 def draw_curves(records: list[RunRecord]) -> Any:
-    """Subset validation loss vs training tokens, one panel per size (two a row), each legend beside it."""
+    """Per size a row of two panels, training loss of the logged windows and subset validation loss, against
+    training tokens; one line per configuration (the mean of its seeds, their range as a band), the legend
+    beside the row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -413,27 +682,36 @@ def draw_curves(records: list[RunRecord]) -> Any:
 
     from tiny_llm.plotting import compact_axis, line_styles
 
+    configurations = group_configurations(records)
     sizes = list(dict.fromkeys(r.preset for r in records))
-    cols = min(len(sizes), 2)  # two panels a row keep the figure readable at its natural size
-    rows = math.ceil(len(sizes) / cols)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False, layout="constrained"
+        len(sizes), 2, figsize=(13.0, 4.2 * len(sizes)), squeeze=False, layout="constrained"
     )
-    for ax in axes.flat[len(sizes) :]:
-        ax.remove()
-    for ax, size in zip(axes.flat, sizes, strict=False):
-        plotted = [r for r in records if r.preset == size and r.curve]
-        labels = run_labels(plotted)
-        for rec, style in zip(plotted, line_styles(len(plotted)), strict=True):
-            tokens, losses = zip(*rec.curve, strict=True)
-            ax.plot(tokens, losses, label=labels[rec.run], **style)
-        ax.set_title(f"{size} ({len(plotted)} run{'s' if len(plotted) != 1 else ''})")
-        ax.set_xlabel("training tokens")
-        ax.set_ylabel("subset validation loss (nats/token)")
-        compact_axis(ax.xaxis)
-        ax.grid(alpha=0.3)
+    for (train_ax, val_ax), size in zip(axes, sizes, strict=True):
+        plotted = [c for c in configurations if c.preset == size and any(m.curve for m in c.members)]
+        labels = _series_labels(plotted)
+        for c, style in zip(plotted, line_styles(len(plotted)), strict=True):
+            band = len(c.members) > 1
+            train = mean_curve([m.train_curve for m in c.members])
+            if train[0]:
+                line = {k: style[k] for k in ("color", "linestyle")}
+                train_ax.plot(train[0], train[1], linewidth=1.1, **line)
+                if band:
+                    train_ax.fill_between(train[0], train[2], train[3], color=style["color"], alpha=0.15)
+            tokens, mean, low, high = mean_curve([m.curve for m in c.members])
+            val_ax.plot(tokens, mean, label=labels[c.configuration], **style)
+            if band:
+                val_ax.fill_between(tokens, low, high, color=style["color"], alpha=0.18)
+        title = _panel_title(size, plotted)
+        train_ax.set_title(f"{title}\ntraining loss (logged windows)", fontsize=10)
+        val_ax.set_title(f"{title}\nsubset validation loss (every epoch)", fontsize=10)
+        train_ax.set_ylabel("loss (nats/token)")
+        for ax in (train_ax, val_ax):
+            ax.set_xlabel("training tokens")
+            compact_axis(ax.xaxis)
+            ax.grid(alpha=0.3)
         if plotted:
-            ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            val_ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return fig
 
 
@@ -444,13 +722,21 @@ def plot_curves(records: list[RunRecord], path: Path) -> None:
     save_png(draw_curves(records), path)
 
 
-def selected_yaml(rec: RunRecord, size: str) -> str:
-    """The best run's complete recipe, aimed at a fresh run directory (training it again must not collide)."""
+def selected_yaml(c: ConfigurationRecord, size: str) -> str:
+    """The best configuration's complete recipe (its first seed's run), aimed at a fresh run directory
+    (training it again must not collide)."""
+    rec = c.first
     source = rec.recipe.get("runtime", {}).get("output_dir", rec.run)
-    header = (
-        f"# Best run for size {size}: {rec.run} (final validation loss {_fmt(rec.loss, 'loss')})\n"
-        f"# trained in {source}\n"
-    )
+    if len(c.members) == 1:
+        header = f"# Best run for size {size}: {rec.run} (final validation loss {_fmt(rec.loss, 'loss')})\n"
+    else:
+        spread = f" ± {_fmt(c.sd, 'loss')}" if c.sd is not None else ""
+        header = (
+            f"# Best configuration for size {size}: {c.configuration} (final validation loss "
+            f"{_fmt(c.mean, 'loss')}{spread} over {len(c.members)} seeds)\n"
+            f"# the recipe of its run {rec.run} (seed {rec.seed})\n"
+        )
+    header += f"# trained in {source}\n"
     recipe = {**rec.recipe}
     if isinstance(recipe.get("runtime"), dict):
         recipe["runtime"] = {**recipe["runtime"], "output_dir": f"runs/selected-{size}"}
@@ -460,19 +746,27 @@ def selected_yaml(rec: RunRecord, size: str) -> str:
 def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | None = None) -> dict[str, Any]:
     """Write all report files; ``sizes`` (if given) must each get a selected-<size>.yaml."""
     records = collect_runs(runs_dir)
+    configurations = group_configurations(records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    best = best_per_size(records)
+    best = best_per_size(configurations)
     missing = [s for s in sizes or [] if s not in best]
     if missing:
         raise DataError(
             f"no finished run with a final loss for size(s) {', '.join(missing)} under {runs_dir}"
         )
     rows = [r.row() for r in records]
+    if (Path(runs_dir) / "campaign.json").is_file():  # a campaign: one aggregate row per configuration
+        rows += [c.row() for c in configurations]
     atomic_write_json(out / "comparison.json", rows)
     plot_curves(records, out / "learning-curves.png")
-    for size, rec in best.items():
-        atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(rec, size))
-    atomic_write_text(out / "report.md", markdown(records, best))
-    atomic_write_text(out / "table.html", table_html(records, best))
-    return {"runs": len(rows), "best": {size: rec.run for size, rec in best.items()}, "output_dir": str(out)}
+    for size, c in best.items():
+        atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(c, size))
+    atomic_write_text(out / "report.md", markdown(records, configurations, best))
+    atomic_write_text(out / "table.html", table_html(records, configurations, best))
+    return {
+        "runs": len(records),
+        "configurations": len(configurations),
+        "best": {size: c.configuration for size, c in best.items()},
+        "output_dir": str(out),
+    }

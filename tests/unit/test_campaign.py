@@ -141,10 +141,13 @@ def test_children_copy_the_parents_whole_optimizer_block():
     ("mutate", "message"),
     [
         (lambda s: s["stages"][0].update(size="7m"), "unknown size '7m'"),
-        (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 runs of stage1"),
+        (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 configurations of stage1"),
         (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), "expected finite numbers"),
         (lambda s: s["stages"][0].update(lr=[0.0]), "expected positive numbers"),
-        (lambda s: s["stages"][1].update(lr=[1e-3]), "unknown key"),
+        (lambda s: s["stages"][1].update(lrs=[1e-3]), "unknown key"),
+        (lambda s: s["stages"][0].update(seeds=[42, 42]), "values repeat"),
+        (lambda s: s["stages"][0].update(seeds=[-1]), "non-negative integers"),
+        (lambda s: s["stages"][0].update(points=[{"lr": 1e-3}]), "either points or lists"),
         (lambda s: s["batch_tokens"].update({"1b": 4}), "not in campaign.stages"),
         (lambda s: s.update(stages=[]), "non-empty list"),
     ],
@@ -364,3 +367,193 @@ def test_train_records_only_a_divergence_as_a_result(tmp_path):
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "diverged" and result["step"] == 3
     assert campaign.final_loss(result) == math.inf
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def seeded_section() -> dict:
+    return {
+        "stages": [
+            {"size": "20m", "lr": [1e-3, 3e-3], "seeds": [42, 43, 44]},
+            {"size": "50m", "parents": 1, "beta2": [0.95, 0.99]},  # keeps the seeds of stage 1
+            {"size": "90m", "parents": 2, "seeds": [7]},
+        ],
+        "throughput": {"20m": 1_636_281, "50m": 871_826, "90m": 508_930},
+    }
+
+
+def test_seed_expansion_gives_the_exact_job_list():
+    config = campaign.parse_campaign(seeded_section(), CLUSTER_SIZES, "results/campaign")
+    runs = campaign.planned_runs(config)
+    assert [r.run_id for r in runs["stage1"]] == [
+        "20m-lr0.001-wd0.1-s42",
+        "20m-lr0.001-wd0.1-s43",
+        "20m-lr0.001-wd0.1-s44",
+        "20m-lr0.003-wd0.1-s42",
+        "20m-lr0.003-wd0.1-s43",
+        "20m-lr0.003-wd0.1-s44",
+    ]
+    assert [r.run_id for r in runs["stage2"]] == [
+        f"50m-parent0-beta2-{b}-s{seed}" for b in ("0.95", "0.99") for seed in (42, 43, 44)
+    ]
+    assert [r.run_id for r in runs["stage3"]] == ["90m-parent0-s7", "90m-parent1-s7"]
+    assert {r.configuration for r in runs["stage2"]} == {"50m-parent0-beta2-0.95", "50m-parent0-beta2-0.99"}
+    assert campaign.configuration_runs(config, "stage3") == {
+        "90m-parent0": ["90m-parent0-s7"],
+        "90m-parent1": ["90m-parent1-s7"],
+    }
+    # a later stage may promote at most the configurations (not the runs) of the stage before
+    too_many = seeded_section()
+    too_many["stages"][1]["parents"] = 3
+    with pytest.raises(ConfigError, match="3 exceeds the 2 configurations of stage1"):
+        campaign.parse_campaign(too_many, CLUSTER_SIZES, "results/campaign")
+    # each seed is its own recipe: runtime.seed and run directory
+    recipes = campaign.stage1_recipes(config, campaign.load_templates(config)["20m"])
+    recipe = recipes["20m-lr0.003-wd0.1-s43"]
+    assert recipe["runtime"]["seed"] == 43 and recipe["optimizer"]["lr"] == 3e-3
+    assert recipe["runtime"]["output_dir"] == "results/campaign/stage1/20m-lr0.003-wd0.1-s43"
+    estimate = campaign.gpu_hour_estimate(config, campaign.load_templates(config), config.throughput)
+    assert [(s["configurations"], s["seeds"], s["runs"]) for s in estimate["stages"]] == [
+        (2, 3, 6),
+        (2, 3, 6),
+        (2, 1, 2),
+    ]
+    assert "stage1: 6 (2 configurations x 3 seeds) x 20m" in campaign.describe_estimate(estimate)
+
+
+def test_without_seeds_run_ids_settings_and_identity_are_unchanged():
+    """A campaign planned before seeds existed keeps its run ids, recipes and campaign identity."""
+    config = cluster()
+    assert campaign.settings_dict(config)["stages"] == [
+        {"size": "20m", "lr": [3e-4, 1e-3, 3e-3], "weight_decay": [0.0, 0.1], "beta2": [0.95]},
+        {"size": "50m", "beta2": [0.95, 0.99], "parents": 2},
+        {"size": "90m", "parents": 2},
+    ]
+    recipe = campaign.stage1_recipes(config, campaign.load_templates(config)["20m"])["20m-lr0.001-wd0.1"]
+    assert recipe["runtime"]["seed"] == 42  # the template's
+    assert all(
+        r.seed is None and r.configuration == r.run_id
+        for rs in campaign.planned_runs(config).values()
+        for r in rs
+    )
+
+
+def seeded_outcome(run, loss, config, seed, lr=1e-3, wd=0.1, beta2=0.95, beta1=0.9):
+    return campaign.RunOutcome(run, loss, lr, wd, beta2, beta1, config, seed)
+
+
+def seeds_of(config, losses, **optimizer):
+    return [seeded_outcome(f"{config}-s{i}", loss, config, i, **optimizer) for i, loss in enumerate(losses)]
+
+
+def test_configurations_rank_by_mean_then_lr_weight_decay_beta1_beta2():
+    """Hand-made losses (exact in binary, so the ties are real ties)."""
+    outcomes = [
+        *seeds_of("best-single-seed", [2.0, 5.0]),  # mean 3.5: the best run, but not the best mean
+        *seeds_of("tie-high-lr", [3.25, 3.25], lr=3e-3),
+        *seeds_of("tie-low-lr-b1", [3.25, 3.25], lr=1e-3, beta1=0.95, beta2=0.95),
+        *seeds_of("tie-low-lr-b2", [3.0, 3.5], lr=1e-3, beta2=0.99),
+        *seeds_of("tie-low-lr-wd", [3.25, 3.25], lr=1e-3, wd=0.0, beta1=0.99, beta2=0.999),
+        *seeds_of("tie-lowest-lr", [2.5, 4.0], lr=1e-4),
+        *seeds_of("steady", [3.125, 3.125], lr=3e-3),
+    ]
+    ranked = campaign.rank_configurations(outcomes)
+    assert [c.configuration for c in ranked] == [
+        "steady",  # lowest mean
+        "tie-lowest-lr",  # mean 3.25 from here: lower lr first
+        "tie-low-lr-wd",  # lr 1e-3: weight decay 0 before 0.1
+        "tie-low-lr-b2",  # lr 1e-3, wd 0.1: beta1 0.9 before 0.95 (beta2 comes after beta1)
+        "tie-low-lr-b1",
+        "tie-high-lr",
+        "best-single-seed",
+    ]
+    assert [c.mean for c in ranked[:2]] == [3.125, 3.25]
+
+
+def test_aggregates_are_mean_and_sample_sd():
+    mean, sd = campaign.loss_summary([3.0, 3.2, 3.4])
+    assert mean == pytest.approx(3.2) and sd == pytest.approx(0.2)  # sample SD (n - 1), not population
+    assert campaign.loss_summary([3.5]) == (3.5, None)  # n = 1: no SD
+    assert campaign.loss_summary([3.5, math.inf]) == (None, None)  # a diverged seed: no mean
+    ranked = campaign.rank_configurations(
+        seeds_of("a", [3.558, 3.5636, 3.5545], lr=5.6e-3, beta2=0.98) + seeds_of("b", [3.6], lr=4e-3)
+    )
+    rows = campaign.ranking_rows(ranked)
+    assert (
+        rows[0]["configuration"] == "a" and rows[0]["n"] == 3 and rows[0]["runs"] == ["a-s0", "a-s1", "a-s2"]
+    )
+    assert rows[0]["loss"] == pytest.approx(3.558700, abs=1e-6)
+    # deviations -0.0007, 0.0049, -0.0042: sqrt((4.9e-7 + 2.401e-5 + 1.764e-5) / 2) = 0.0045902
+    assert rows[0]["loss_sd"] == pytest.approx(0.0045902, abs=1e-7)
+    assert rows[0]["run"] == "a-s2"  # the best seed: what an export of the stage's best reads
+    assert {
+        k: rows[1][k] for k in ("rank", "configuration", "run", "loss", "loss_sd", "n", "run_losses")
+    } == {
+        "rank": 1,
+        "configuration": "b",
+        "run": "b-s0",
+        "loss": 3.6,
+        "loss_sd": None,
+        "n": 1,
+        "run_losses": [3.6],
+    }
+
+
+def test_a_diverged_seed_counts_as_the_worst_loss_of_its_configuration():
+    outcomes = [
+        *seeds_of("one-diverged", [3.0, math.inf], lr=1e-4),  # its finished seed is the best of all
+        *seeds_of("worse", [3.9, 4.1]),
+        *seeds_of("both-diverged", [math.inf, math.inf], lr=1e-5),
+        *seeds_of("one-diverged-worse", [3.5, math.inf], lr=1e-5),
+    ]
+    ranked = campaign.rank_configurations(outcomes)
+    assert [c.configuration for c in ranked] == [
+        "worse",
+        "one-diverged",
+        "one-diverged-worse",
+        "both-diverged",
+    ]
+    rows = campaign.ranking_rows(ranked)
+    assert rows[1]["loss"] is None and rows[1]["diverged"] == ["one-diverged-s1"]
+    assert rows[1]["run"] == "one-diverged-s0" and rows[1]["run_losses"] == [3.0, None]
+
+
+def test_select_promotes_a_configuration_with_all_its_seeds(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    section = {
+        "stages": [
+            {"size": "s", "lr": [1e-3, 3e-3], "seeds": [1, 2]},
+            {"size": "m", "parents": 1, "beta2": [0.99]},
+        ],
+    }
+    sizes = {k: dict(v) for k, v in config.sizes.items() if k in ("s", "m")}
+    config = campaign.parse_campaign(section, sizes, str(tmp_path / "seeded"))
+    settings = settings_arg(config)
+    assert run_cli("campaign", "plan", "--settings", settings) == 0
+    record = json.loads((Path(config.root) / "campaign.json").read_text())
+    assert record["stages"][0]["configurations"] == {
+        "s-lr0.001-wd0.1": ["s-lr0.001-wd0.1-s1", "s-lr0.001-wd0.1-s2"],
+        "s-lr0.003-wd0.1": ["s-lr0.003-wd0.1-s1", "s-lr0.003-wd0.1-s2"],
+    }
+    assert record["stages"][1]["runs"] == ["m-parent0-beta2-0.99-s1", "m-parent0-beta2-0.99-s2"]
+    assert record["stages"][1]["seeds"] == [1, 2]
+    # lr 0.001 has the best single seed, lr 0.003 the best mean: the mean decides
+    losses = {"s-lr0.001-wd0.1-s1": 3.0, "s-lr0.001-wd0.1-s2": 4.0}
+    losses |= {"s-lr0.003-wd0.1-s1": 3.4, "s-lr0.003-wd0.1-s2": 3.4}
+    fake_results(config, "stage1", losses)
+    capsys.readouterr()
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 0
+    out = capsys.readouterr().out
+    assert "stage1 best: s-lr0.003-wd0.1 (mean loss 3.400000 +- 0.000000 over 2 seeds)" in out
+    for seed in (1, 2):
+        child = yaml.safe_load(
+            (Path(config.root) / f"stage2/m-parent0-beta2-0.99-s{seed}/recipe.yaml").read_text()
+        )
+        assert child["optimizer"]["lr"] == 3e-3 and child["optimizer"]["beta2"] == 0.99
+        assert child["runtime"]["seed"] == seed and child["model"]["num_layers"] == 3
+    ranking = json.loads((Path(config.root) / "stage1/ranking.json").read_text())
+    assert [(r["configuration"], r["loss"], r["n"]) for r in ranking] == [
+        ("s-lr0.003-wd0.1", 3.4, 2),
+        ("s-lr0.001-wd0.1", 3.5, 2),
+    ]

@@ -44,7 +44,13 @@ def make_run(
     )
     (run_dir / "resolved.yaml").write_text(yaml.safe_dump(recipe))
     rows = [
-        {"event": "train", "step": 5 * (i + 1), "tokens": 5120 * (i + 1), "tokens_per_second": r}
+        {
+            "event": "train",
+            "step": 5 * (i + 1),
+            "tokens": 5120 * (i + 1),
+            "tokens_per_second": r,
+            "loss": loss + 2 - i,
+        }
         for i, r in enumerate(rates)
     ]
     rows += [
@@ -119,10 +125,18 @@ def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tm
     out = tmp_path / "report"
     assert main(["report", "--runs", str(runs), "--output-dir", str(out), "--require-size", "s"]) == 0
     assert json.loads(capsys.readouterr().out)["best"] == {"s": "s-lr0.0003-wd0", "m": "m-parent1"}
-    rows = json.loads((out / "comparison.json").read_text())
-    keys = ["run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens"]
-    assert list(rows[0]) == keys + ["median_tokens_per_second", "peak_memory_bytes"]
+    everything = json.loads((out / "comparison.json").read_text())
+    rows = [r for r in everything if r["kind"] == "run"]
+    keys = ["kind", "run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens"]
+    extra = ["beta1", "seed", "configuration", "status"]
+    assert list(rows[0]) == keys + ["median_tokens_per_second", "peak_memory_bytes"] + extra
+    # a campaign (campaign.json) also gets one aggregate row per configuration: here one seed each
+    configurations = [r for r in everything if r["kind"] == "configuration"]
+    assert [c["runs"] for c in configurations] == [[r["run"]] for r in rows]
+    assert all(c["n"] == 1 and c["loss_sd"] is None for c in configurations)
+    assert [c["loss_mean"] for c in configurations] == [r["loss"] for r in rows]
     report_md = (out / "report.md").read_text()
+    assert "mean ± SD" not in report_md  # one seed per configuration: the runs table alone
     table = parse_table(report_md)
     assert len(table) == len(rows) == 6
     for cells, row in zip(table, rows, strict=True):
@@ -193,19 +207,23 @@ def test_curves_keep_legends_off_the_data_and_identical_runs_apart(runs):
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     try:
+        assert len(fig.axes) == 4  # per size: training loss | subset validation loss
         for ax in fig.axes:
             legend = ax.get_legend()
-            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+            if legend is not None:  # beside the validation panel of each size
+                assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
             lines = ax.get_lines()
             assert len(
                 {(line.get_marker(), line.get_linestyle(), line.get_color()) for line in lines}
             ) == len(lines)
-        texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert fig.axes[0].get_legend() is None and len(fig.axes[0].get_lines()) == 4  # dense train loss
+        assert len(fig.axes[0].get_lines()[0].get_xdata()) == 3  # one point per train row
+        texts = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
         assert texts == [
             "lr=0.0003, wd=0, seed=42",
             "lr=0.001, wd=0.1, seed=42",
+            "lr=0.001, wd=0.1, seed=7",  # lines in rank order: the twin ties with lr 0.001 and beats lr 0.003
             "lr=0.003, wd=0.1, seed=42",
-            "lr=0.001, wd=0.1, seed=7",
         ]
         labels = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
         assert labels and all(re.fullmatch(r"-?[\d.]+[kMB]?", label) for label in labels), labels
@@ -246,6 +264,84 @@ def test_table_html_is_the_markdown_table_rendered(runs, tmp_path):
     runs_rows = [cells for cells in body if len(cells) == len(TABLE_HEADER)]  # stage rows span the table
     assert [cells[0] for cells in body if len(cells) == 1] == ["stage1", "stage2"]
     assert runs_rows == parse_table((out / "report.md").read_text())
-    assert runs_rows == [table_cells(row) for row in json.loads((out / "comparison.json").read_text())]
+    rows = [row for row in json.loads((out / "comparison.json").read_text()) if row["kind"] == "run"]
+    assert runs_rows == [table_cells(row) for row in rows]
     assert '<tr class="best"><td>s-lr0.0003-wd0</td>' in page and '<tr class="diverged"><td>m-parent2' in page
     assert "Diverged (non-finite loss; ranked last): m-parent2." in page
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Path:
+    """Two configurations x two seeds; one seed of the lower-lr configuration diverged."""
+    root = tmp_path / "seeded"
+    losses = {("s-lr0.001-wd0.1", 1e-3): (4.0, None), ("s-lr0.003-wd0.1", 3e-3): (3.5, 3.7)}
+    configurations = {}
+    for (configuration, lr), pair in losses.items():
+        configurations[configuration] = []
+        for seed, loss in zip((42, 43), pair, strict=True):
+            run = f"{configuration}-s{seed}"
+            configurations[configuration].append(run)
+            run_dir = make_run(root, "stage1", run, loss=loss or 9.0, lr=lr)
+            recipe = yaml.safe_load((run_dir / "resolved.yaml").read_text())
+            recipe["runtime"]["seed"] = seed
+            (run_dir / "resolved.yaml").write_text(yaml.safe_dump(recipe))
+            if loss is None:
+                result = {"status": "diverged", "final_validation": None, "step": 3}
+                (run_dir / "result.json").write_text(json.dumps(result))
+    stage = {"stage": "stage1", "size": "s", "runs": [r for rs in configurations.values() for r in rs]}
+    stage["configurations"] = configurations
+    (root / "campaign.json").write_text(json.dumps({"stages": [stage]}))
+    return root
+
+
+def test_seeded_report_aggregates_configurations(seeded, tmp_path):
+    out = tmp_path / "report"
+    summary = write_report(seeded, out, ["s"])
+    assert summary["best"] == {"s": "s-lr0.003-wd0.1"} and summary["configurations"] == 2
+    rows = json.loads((out / "comparison.json").read_text())
+    runs = [r for r in rows if r["kind"] == "run"]
+    assert [(r["run"], r["seed"], r["configuration"]) for r in runs] == [
+        ("s-lr0.003-wd0.1-s42", 42, "s-lr0.003-wd0.1"),
+        ("s-lr0.003-wd0.1-s43", 43, "s-lr0.003-wd0.1"),
+        ("s-lr0.001-wd0.1-s42", 42, "s-lr0.001-wd0.1"),  # the better single run, but a diverged seed
+        ("s-lr0.001-wd0.1-s43", 43, "s-lr0.001-wd0.1"),
+    ]
+    best, worst = [r for r in rows if r["kind"] == "configuration"]
+    assert best["loss_mean"] == pytest.approx(3.6) and best["loss_sd"] == pytest.approx(0.141421, abs=1e-6)
+    assert best["n"] == 2 and best["runs"] == ["s-lr0.003-wd0.1-s42", "s-lr0.003-wd0.1-s43"]
+    assert best["seeds"] == [42, 43] and best["rank"] == 0 and best["diverged"] == []
+    assert worst["loss_mean"] is None and worst["loss_sd"] is None and worst["rank"] == 1
+    assert worst["diverged"] == ["s-lr0.001-wd0.1-s43"] and worst["losses"] == [4.0, None]
+    report_md = (out / "report.md").read_text()
+    assert (
+        "| s-lr0.003-wd0.1 | 42, 43 | 200,000 | 0.003 | 0.1 | 0.9 | 0.95 | 3.600000 ± 0.141421 |" in report_md
+    )
+    assert (
+        "| s-lr0.001-wd0.1 | 42, 43 | 200,000 | 0.001 | 0.1 | 0.9 | 0.95 | diverged (1 of 2 seeds) |"
+        in report_md
+    )
+    assert "counted as the worst loss, so its configuration ranks after every configuration" in report_md
+    assert "s-lr0.001-wd0.1-s43." in report_md
+    assert "- s: `s-lr0.003-wd0.1` (loss 3.600000 ± 0.141421 over 2 seeds)" in report_md
+    page = (out / "table.html").read_text()
+    assert "3.600000 ± 0.141421" in page and '<tr class="best"><td>s-lr0.003-wd0.1</td>' in page
+    selected = (out / "selected-s.yaml").read_text()
+    assert selected.startswith(
+        "# Best configuration for size s: s-lr0.003-wd0.1 (final validation loss 3.600000"
+    )
+    assert yaml.safe_load(selected)["runtime"]["seed"] == 42
+
+
+def test_seeded_curves_are_means_with_a_band(seeded):
+    records = collect_runs(seeded)
+    fig = draw_curves(records)
+    try:
+        train_ax, val_ax = fig.axes
+        assert len(val_ax.get_lines()) == 2 and len(train_ax.get_lines()) == 2  # one line per configuration
+        assert len(val_ax.collections) == 2 and len(train_ax.collections) == 2  # the seeds' range as a band
+        best = val_ax.get_lines()[0]  # s-lr0.003: mean of 3.5 and 3.7 (+ 1e4 / tokens) at each epoch
+        assert list(best.get_ydata()) == pytest.approx([3.6 + 1e4 / 8192, 3.6 + 1e4 / 16384])
+        assert "2 configurations × 2 seeds" in val_ax.get_title()
+        assert [t.get_text() for t in val_ax.get_legend().get_texts()] == ["lr=0.003", "lr=0.001"]
+    finally:
+        plt.close(fig)

@@ -1,5 +1,6 @@
-"""The tiny 6 -> 4 -> 2 campaign end to end on the CPU: interrupted (Ctrl-C) during stage 2 and rerun to the
-end, then rerun after success and rerun with a changed setting (rejected)."""
+"""A tiny 4 -> 2 -> 1 campaign with two seeds per configuration (8 -> 4 -> 2 runs) end to end on the CPU:
+interrupted (Ctrl-C) during stage 2 and rerun to the end, then rerun after success and rerun with a changed
+setting (rejected)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,8 @@ from workflow_helpers import snakemake, snakemake_command, tiny_config, write_co
 
 pytestmark = pytest.mark.slow
 
-STAGE2_RUNS = [
-    "t-m-parent0-beta2-0.95",
-    "t-m-parent0-beta2-0.99",
-    "t-m-parent1-beta2-0.95",
-    "t-m-parent1-beta2-0.99",
-]
+SEEDS = (1, 2)
+STAGE2_RUNS = [f"t-m-parent{rank}-beta2-0.99-s{seed}" for rank in (0, 1) for seed in SEEDS]
 
 
 def campaign_config() -> dict:
@@ -44,9 +41,9 @@ def campaign_config() -> dict:
     }
     config["campaign"] = {
         "stages": [
-            {"size": "t-s", "lr": [3e-4, 1e-3, 3e-3], "weight_decay": [0.0, 0.1], "beta2": [0.95]},
-            {"size": "t-m", "parents": 2, "beta2": [0.95, 0.99]},
-            {"size": "t-l", "parents": 2},
+            {"size": "t-s", "lr": [1e-3, 3e-3], "weight_decay": [0.0, 0.1], "seeds": list(SEEDS)},
+            {"size": "t-m", "parents": 2, "beta2": [0.99]},  # each configuration keeps both seeds
+            {"size": "t-l", "parents": 1},
         ],
         "batch_tokens": {"t-m": 512},
         "overrides": {
@@ -60,10 +57,11 @@ def campaign_config() -> dict:
 
 
 def rankings(root: Path) -> dict[str, list[tuple[str, float]]]:
+    """Stage -> (configuration, mean loss over its seeds), best first."""
     out = {}
     for stage in ("stage1", "stage2", "stage3"):
         rows = json.loads((root / "results/campaign" / stage / "ranking.json").read_text())
-        out[stage] = [(r["run"], r["loss"]) for r in rows]
+        out[stage] = [(r["configuration"], r["loss"]) for r in rows]
     return out
 
 
@@ -126,7 +124,7 @@ def campaign_run(tmp_path_factory) -> Campaign:
     unfinished = [r for r in STAGE2_RUNS if not (root / "stage2" / r / "result.json").exists()]
     assert unfinished, "the campaign finished before it could be interrupted:\n" + log[-3000:]
     stage1 = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in root.glob("stage1/*/*") if p.is_file()}
-    assert len([p for p in stage1 if p.name == "result.json"]) == 6, log[-3000:]
+    assert len([p for p in stage1 if p.name == "result.json"]) == 8, log[-3000:]
     lines = {}
     for run in unfinished:
         metrics = root / "stage2" / run / "metrics.jsonl"
@@ -138,32 +136,47 @@ def campaign_run(tmp_path_factory) -> Campaign:
 def test_tiny_campaign_end_to_end(campaign_run: Campaign) -> None:
     root = campaign_run.workdir / "results/campaign"
     plan = json.loads((root / "campaign.json").read_text())
-    assert [len(s["runs"]) for s in plan["stages"]] == [6, 4, 2]
+    assert [len(s["runs"]) for s in plan["stages"]] == [8, 4, 2]
+    assert [len(s["configurations"]) for s in plan["stages"]] == [4, 2, 1]
     estimate = plan["gpu_hour_estimate"]
-    assert estimate["stages"][0]["runs"] == 6 and estimate["total_gpu_hours"] > 0
+    assert estimate["stages"][0]["runs"] == 8 and estimate["total_gpu_hours"] > 0
     ranked = rankings(campaign_run.workdir)
-    assert [len(v) for v in ranked.values()] == [6, 4, 2]
+    assert [len(v) for v in ranked.values()] == [4, 2, 1]
     for rows in ranked.values():
         losses = [loss for _, loss in rows]
         assert losses == sorted(losses) and all(0 < x < 10 for x in losses)
-    # stage 2 promotes stage 1's best two, each with its whole optimizer block
+    # stage 2 promotes stage 1's best two configurations, each with its whole optimizer block and both seeds
     best = json.loads((root / "stage1/ranking.json").read_text())[:2]
     for rank, parent in enumerate(best):
-        child = yaml.safe_load((root / f"stage2/t-m-parent{rank}-beta2-0.99/resolved.yaml").read_text())
-        assert (child["optimizer"]["lr"], child["optimizer"]["weight_decay"]) == (
-            parent["lr"],
-            parent["weight_decay"],
-        )
-        assert child["optimizer"]["beta2"] == 0.99 and child["model"]["num_layers"] == 3
-        assert child["training"]["batch_tokens"] == 512
-    # the report: table rows match comparison.json, one selected recipe per size
+        assert parent["n"] == 2 and parent["loss_sd"] is not None
+        for seed in SEEDS:
+            child = yaml.safe_load(
+                (root / f"stage2/t-m-parent{rank}-beta2-0.99-s{seed}/resolved.yaml").read_text()
+            )
+            assert (child["optimizer"]["lr"], child["optimizer"]["weight_decay"]) == (
+                parent["lr"],
+                parent["weight_decay"],
+            )
+            assert child["optimizer"]["beta2"] == 0.99 and child["model"]["num_layers"] == 3
+            assert child["training"]["batch_tokens"] == 512 and child["runtime"]["seed"] == seed
+    # seeds differ: the two runs of a configuration do not end at the same loss
+    stage1 = json.loads((root / "stage1/ranking.json").read_text())
+    assert all(len(set(r["run_losses"])) == 2 for r in stage1)
+    # the report: run rows match comparison.json, one aggregate row per configuration, mean ± SD in the table
     rows = json.loads((root / "report/comparison.json").read_text())
-    assert len(rows) == 12 and {r["preset"] for r in rows} == {"t-s", "t-m", "t-l"}
-    table = [line for line in (root / "report/report.md").read_text().splitlines() if line.startswith("| t-")]
-    assert [line.split("|")[1].strip() for line in table] == [r["run"] for r in rows]
-    assert [r["run"] for r in rows[-2:]] == [run for run, _ in ranked["stage3"]]
+    runs = [r for r in rows if r["kind"] == "run"]
+    configurations = [r for r in rows if r["kind"] == "configuration"]
+    assert len(runs) == 14 and {r["preset"] for r in runs} == {"t-s", "t-m", "t-l"}
+    assert len(configurations) == 7 and all(c["n"] == 2 for c in configurations)
+    report_md = (root / "report/report.md").read_text()
+    config_table, run_table = report_md.split("## Runs", 1)
+    table = [line for line in run_table.splitlines() if line.startswith("| t-")]
+    assert [line.split("|")[1].strip() for line in table] == [r["run"] for r in runs]
+    means = [line for line in config_table.splitlines() if line.startswith("| t-")]
+    assert len(means) == 7 and all(" ± " in line for line in means)
+    assert [r["run"] for r in runs[-2:]] == [f"{ranked['stage3'][0][0]}-s{seed}" for seed in SEEDS]
     selected = (root / "report/selected-t-l.yaml").read_text()
-    assert f"# trained in results/campaign/stage3/{ranked['stage3'][0][0]}\n" in selected
+    assert f"# trained in results/campaign/stage3/{ranked['stage3'][0][0]}-s1\n" in selected
     assert yaml.safe_load(selected)["model"]["num_layers"] == 4
     assert (root / "report/learning-curves.png").stat().st_size > 5000
 

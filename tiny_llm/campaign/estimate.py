@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.budget import make_budget
-from tiny_llm.campaign.stages import CampaignConfig, stage_name, stage_run_ids_of
+from tiny_llm.campaign.stages import (
+    CampaignConfig,
+    planned_configurations,
+    stage_name,
+    stage_run_ids_of,
+    stage_seeds,
+)
 from tiny_llm.config import recipe_from_dict
 from tiny_llm.errors import REBUILD_TUNING
 from tiny_llm.io import read_json
@@ -18,8 +24,12 @@ def gpu_hour_estimate(
     templates: Mapping[str, Mapping[str, Any]],
     throughput: Mapping[str, float | None],
 ) -> dict[str, Any]:
-    """Runs x realized tokens / tokens per second, per stage and in total (null where tokens/s is unknown)."""
+    """Runs x realized tokens / tokens per second, per stage and in total (null where tokens/s is unknown).
+
+    Runs = configurations x seeds: every seed of a configuration is a run of its own.
+    """
     stages = []
+    configurations = planned_configurations(config)
     for i, stage in enumerate(config.stages):
         num_runs = len(stage_run_ids_of(config.stages, i))
         tokens = make_budget(recipe_from_dict(dict(templates[stage.size]))).tokens
@@ -29,6 +39,8 @@ def gpu_hour_estimate(
             {
                 "stage": stage_name(i),
                 "size": stage.size,
+                "configurations": len(configurations[stage_name(i)]),
+                "seeds": len(stage_seeds(config.stages, i)) or 1,
                 "runs": num_runs,
                 "tokens_per_run": tokens,
                 "tokens_per_second": rate,
@@ -44,9 +56,16 @@ def describe_estimate(estimate: Mapping[str, Any]) -> str:
     lines = []
     for s in estimate["stages"]:
         hours = f"{s['gpu_hours']:.3f} GPU-h" if s["gpu_hours"] is not None else "unknown (no tokens/s)"
-        lines.append(f"{s['stage']}: {s['runs']} x {s['size']} x {s['tokens_per_run']:,} tokens -> {hours}")
+        runs = f"{s['runs']}"
+        if s.get("seeds", 1) > 1:
+            runs += f" ({s['configurations']} configurations x {s['seeds']} seeds)"
+        lines.append(f"{s['stage']}: {runs} x {s['size']} x {s['tokens_per_run']:,} tokens -> {hours}")
     total = estimate["total_gpu_hours"]
-    lines.append(f"campaign total: {total:.3f} GPU-h" if total is not None else "campaign total: unknown")
+    runs = sum(s["runs"] for s in estimate["stages"])
+    if total is None:
+        lines.append(f"campaign total: unknown ({runs} runs)")
+    else:
+        lines.append(f"campaign total: {total:.3f} GPU-h ({runs} runs)")
     return "\n".join(lines)
 
 

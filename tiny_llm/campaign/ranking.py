@@ -1,14 +1,24 @@
-"""Ranking finished runs: lower final validation loss first, ties broken by the optimizer settings."""
+"""Ranking finished runs and configurations: lower final validation loss first, ties broken by the optimizer.
+
+A configuration (one grid point of a stage) trains once per seed and ranks by the mean final loss of its
+seeds. Ties go to the lower lr, then weight decay, then beta1, then beta2: the reference campaign breaks ties
+by lr, weight decay, beta2 and its later seed studies (which keep weight decay fixed) by lr, beta1, beta2;
+this one order agrees with both. A seed whose run diverged (or has no final loss) counts as the worst loss:
+its configuration ranks after every configuration whose seeds all finished.
+"""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import read_json
+
+DEFAULT_BETA1 = 0.9
 
 
 @dataclass(frozen=True)
@@ -21,15 +31,107 @@ class RunOutcome:
     lr: float
     weight_decay: float
     beta2: float
+    beta1: float = DEFAULT_BETA1
+    configuration: str = ""
+    """The configuration the run is a seed of ('' = a configuration of its own)."""
+    seed: int | None = None
+
+    @property
+    def configuration_id(self) -> str:
+        return self.configuration or self.run_id
 
 
-def rank_key(outcome: RunOutcome) -> tuple[float, float, float, float, str]:
-    """Lower final loss first; ties -> lower lr, then lower weight decay, then lower beta2."""
-    return (outcome.loss, outcome.lr, outcome.weight_decay, outcome.beta2, outcome.run_id)
+def rank_key(outcome: RunOutcome) -> tuple[float, float, float, float, float, str]:
+    """Lower final loss first; ties -> lower lr, then weight decay, then beta1, then beta2."""
+    o = outcome
+    return (o.loss, o.lr, o.weight_decay, o.beta1, o.beta2, o.run_id)
 
 
 def rank_runs(outcomes: Iterable[RunOutcome]) -> list[RunOutcome]:
     return sorted(outcomes, key=rank_key)
+
+
+def loss_summary(losses: Sequence[float]) -> tuple[float | None, float | None]:
+    """(mean, sample standard deviation) of final losses; SD None for a single value, both None for none.
+
+    Any non-finite loss (a diverged seed) makes the mean None: the configuration counts as the worst.
+    """
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return None, None
+    mean = statistics.fmean(losses)
+    return mean, (statistics.stdev(losses) if len(losses) > 1 else None)
+
+
+@dataclass(frozen=True)
+class ConfigurationOutcome:
+    """The runs (one per seed) of one configuration."""
+
+    configuration: str
+    runs: tuple[RunOutcome, ...]
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.loss for r in self.runs]
+
+    @property
+    def mean(self) -> float:
+        """Mean final loss over the seeds; inf if any seed has no finite loss."""
+        mean, _ = loss_summary(self.losses)
+        return math.inf if mean is None else mean
+
+    @property
+    def sd(self) -> float | None:
+        return loss_summary(self.losses)[1]
+
+    @property
+    def diverged(self) -> list[str]:
+        """Runs without a finite final loss (diverged or missing)."""
+        return [r.run_id for r in self.runs if not math.isfinite(r.loss)]
+
+    @property
+    def best_run(self) -> RunOutcome:
+        """The seed with the lowest final loss (what an export of the configuration picks)."""
+        return min(self.runs, key=lambda r: (r.loss, r.run_id))
+
+    def _first(self) -> RunOutcome:
+        return self.runs[0]
+
+    @property
+    def lr(self) -> float:
+        return self._first().lr
+
+    @property
+    def weight_decay(self) -> float:
+        return self._first().weight_decay
+
+    @property
+    def beta1(self) -> float:
+        return self._first().beta1
+
+    @property
+    def beta2(self) -> float:
+        return self._first().beta2
+
+
+def configuration_key(c: ConfigurationOutcome) -> tuple:
+    """Mean loss over the seeds first; a configuration with a diverged seed after every finished one
+    (fewer diverged seeds, then the mean of the others, first); ties -> lr, weight decay, beta1, beta2."""
+    finished = [x for x in c.losses if math.isfinite(x)]
+    rest = statistics.fmean(finished) if finished else math.inf
+    return (c.mean, len(c.diverged), rest, c.lr, c.weight_decay, c.beta1, c.beta2, c.configuration)
+
+
+def group_configurations(outcomes: Iterable[RunOutcome]) -> list[ConfigurationOutcome]:
+    """Runs grouped by configuration (first appearance order), seeds in run order."""
+    groups: dict[str, list[RunOutcome]] = {}
+    for o in outcomes:
+        groups.setdefault(o.configuration_id, []).append(o)
+    return [ConfigurationOutcome(cid, tuple(runs)) for cid, runs in groups.items()]
+
+
+def rank_configurations(outcomes: Iterable[RunOutcome]) -> list[ConfigurationOutcome]:
+    """Configurations best first, by the mean final loss of their seeds (see ``configuration_key``)."""
+    return sorted(group_configurations(outcomes), key=configuration_key)
 
 
 def final_loss(result: Mapping[str, Any]) -> float:
@@ -40,24 +142,58 @@ def final_loss(result: Mapping[str, Any]) -> float:
     return float(loss)
 
 
-def outcome_from(run_id: str, result: Mapping[str, Any], recipe: Mapping[str, Any]) -> RunOutcome:
+def outcome_from(
+    run_id: str,
+    result: Mapping[str, Any],
+    recipe: Mapping[str, Any],
+    configuration: str = "",
+    seed: int | None = None,
+) -> RunOutcome:
     opt = recipe["optimizer"]
-    return RunOutcome(run_id, final_loss(result), opt["lr"], opt["weight_decay"], opt["beta2"])
+    return RunOutcome(
+        run_id,
+        final_loss(result),
+        opt["lr"],
+        opt["weight_decay"],
+        opt["beta2"],
+        opt.get("beta1", DEFAULT_BETA1),
+        configuration,
+        seed,
+    )
 
 
-def ranking_rows(ranked: Sequence[RunOutcome]) -> list[dict[str, Any]]:
-    """JSON rows of a stage ranking (loss null where it was missing)."""
-    return [
-        {
-            "rank": i,
-            "run": o.run_id,
-            "loss": o.loss if math.isfinite(o.loss) else None,
-            "lr": o.lr,
-            "weight_decay": o.weight_decay,
-            "beta2": o.beta2,
-        }
-        for i, o in enumerate(ranked)
-    ]
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def ranking_rows(ranked: Sequence[ConfigurationOutcome]) -> list[dict[str, Any]]:
+    """JSON rows of a stage ranking, one per configuration, best first.
+
+    ``loss`` is the mean over the seeds (null when a seed diverged: ranked as the worst), ``loss_sd`` the
+    sample standard deviation (null for one seed), ``run`` the configuration's best seed (its run directory
+    lies beside the ranking), ``runs`` every seed's run and ``diverged`` those without a final loss.
+    """
+    rows = []
+    for i, c in enumerate(ranked):
+        rows.append(
+            {
+                "rank": i,
+                "configuration": c.configuration,
+                "run": c.best_run.run_id,
+                "loss": _finite(c.mean),
+                "loss_sd": c.sd,
+                "n": len(c.runs),
+                "runs": [r.run_id for r in c.runs],
+                "seeds": [r.seed for r in c.runs],
+                "run_losses": [_finite(r.loss) for r in c.runs],
+                "diverged": c.diverged,
+                "lr": c.lr,
+                "weight_decay": c.weight_decay,
+                "beta1": c.beta1,
+                "beta2": c.beta2,
+            }
+        )
+    return rows
 
 
 def diverged_result(run_dir: str | Path, exit_code: int) -> dict[str, Any] | None:

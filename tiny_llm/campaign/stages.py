@@ -10,21 +10,32 @@ from typing import Any
 
 from tiny_llm.errors import ConfigError
 
+# The optimizer keys a stage may vary, in the tie order of a ranking (after the loss) and of a run id.
+GRID_KEYS = ("lr", "weight_decay", "beta1", "beta2")
+_ID_PARTS = {"lr": "lr{}", "weight_decay": "wd{}", "beta1": "beta1-{}", "beta2": "beta2-{}"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class StageConfig:
-    """One promotion stage."""
+    """One promotion stage: a grid of configurations, each trained once per seed."""
 
     size: str
     """Size name (a key of the workflow's ``sizes``)."""
     lr: tuple[float, ...] = ()
-    """Stage 1 only: peak learning rates of the grid."""
+    """Peak learning rates of the grid (stage 1: required unless ``points``)."""
     weight_decay: tuple[float, ...] = ()
-    """Stage 1 only: weight decays of the grid."""
+    """Weight decays of the grid."""
+    beta1: tuple[float, ...] = ()
+    """AdamW beta1 values of the grid (empty = the template's, or the parent's)."""
     beta2: tuple[float, ...] = ()
     """Stage 1: beta2 values of the grid; later stages: beta2 values per parent (empty = copy it)."""
+    points: tuple[tuple[tuple[str, float], ...], ...] = ()
+    """Explicit grid points instead of the lists' product: each a sorted tuple of (key, value)."""
     parents: int = 0
-    """Later stages: how many of the previous stage's best runs are promoted."""
+    """Later stages: how many of the previous stage's best configurations are promoted."""
+    seeds: tuple[int, ...] = ()
+    """runtime.seed of each run of a configuration (empty = one run with the template's seed, or, in a later
+    stage, the seeds of the stage before)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,45 +64,92 @@ def stage_name(index: int) -> str:
     return f"stage{index + 1}"
 
 
-def _numbers(value: Any, key: str, *, positive: bool) -> tuple[float, ...]:
+def _numbers(value: Any, key: str, *, positive: bool, below_one: bool = False) -> tuple[float, ...]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{key}: expected a non-empty list of numbers, got {value!r}")
-    out = []
+    return tuple(_number(item, key, positive=positive, below_one=below_one) for item in _distinct(value, key))
+
+
+def _number(item: Any, key: str, *, positive: bool, below_one: bool = False) -> float:
+    if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
+        raise ConfigError(f"{key}: expected finite numbers, got {item!r}")
+    if item < 0 or (positive and item == 0):
+        sign = "positive" if positive else "non-negative"
+        raise ConfigError(f"{key}: expected {sign} numbers, got {item}")
+    if below_one and item >= 1:
+        raise ConfigError(f"{key}: expected numbers below 1, got {item}")
+    return float(item)
+
+
+def _distinct(values: list[Any], key: str) -> list[Any]:
+    if len({repr(v) for v in values}) != len(values):
+        raise ConfigError(f"{key}: values repeat ({values!r})")
+    return values
+
+
+def _grid_value(name: str, value: Any, key: str) -> float:
+    return _number(value, key, positive=name == "lr", below_one=name.startswith("beta"))
+
+
+def _seeds(value: Any, key: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}: expected a non-empty list of integers, got {value!r}")
     for item in value:
-        if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
-            raise ConfigError(f"{key}: expected finite numbers, got {item!r}")
-        if item < 0 or (positive and item == 0):
-            sign = "positive" if positive else "non-negative"
-            raise ConfigError(f"{key}: expected {sign} numbers, got {item}")
-        out.append(float(item))
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{key}: values repeat ({value!r})")
-    return tuple(out)
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ConfigError(f"{key}: expected non-negative integers, got {item!r}")
+    return tuple(_distinct(value, key))
+
+
+def _points(value: Any, key: str) -> tuple[tuple[tuple[str, float], ...], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}: expected a non-empty list of mappings, got {value!r}")
+    points = []
+    for i, point in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(point, dict) or not point:
+            raise ConfigError(f"{where}: expected a mapping of {', '.join(GRID_KEYS)}, got {point!r}")
+        unknown = sorted(set(point) - set(GRID_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {', '.join(map(str, unknown))} (allowed: {', '.join(GRID_KEYS)})"
+            )
+        points.append(tuple((k, _grid_value(k, point[k], f"{where}.{k}")) for k in GRID_KEYS if k in point))
+    return tuple(_distinct(points, key))
 
 
 def _stage(raw: Any, index: int) -> StageConfig:
     key = f"campaign.stages[{index}]"
     if not isinstance(raw, dict) or not isinstance(raw.get("size"), str):
         raise ConfigError(f"{key}: expected a mapping with a 'size' name, got {raw!r}")
-    allowed = {"size", "lr", "weight_decay", "beta2"} if index == 0 else {"size", "parents", "beta2"}
+    allowed = {"size", "seeds", "points", *GRID_KEYS} | ({"parents"} if index else set())
     unknown = sorted(set(raw) - allowed)
     if unknown:
         names = ", ".join(sorted(allowed))
         raise ConfigError(f"{key}: unknown key(s) {', '.join(unknown)} (allowed: {names})")
+    seeds = _seeds(raw.get("seeds"), f"{key}.seeds")
+    lists = {name: raw[name] for name in GRID_KEYS if raw.get(name) is not None}
+    points = ()
+    if raw.get("points") is not None:
+        if lists:
+            raise ConfigError(f"{key}: give either points or lists ({', '.join(lists)}), not both")
+        points = _points(raw["points"], f"{key}.points")
+    elif index == 0:  # the reference grid's defaults: weight decay 0.1, beta2 0.95 (not the preset's)
+        lists = {"weight_decay": [0.1], "beta2": [0.95], **lists}
+        lists["lr"] = raw.get("lr")
+    grid = {
+        name: _numbers(values, f"{key}.{name}", positive=name == "lr", below_one=name.startswith("beta"))
+        for name, values in lists.items()
+    }
     if index == 0:
-        return StageConfig(
-            size=raw["size"],
-            lr=_numbers(raw.get("lr"), f"{key}.lr", positive=True),
-            weight_decay=_numbers(raw.get("weight_decay", [0.1]), f"{key}.weight_decay", positive=False),
-            beta2=_numbers(raw.get("beta2", [0.95]), f"{key}.beta2", positive=False),
-        )
+        return StageConfig(size=raw["size"], points=points, seeds=seeds, **grid)
     parents = raw.get("parents")
     if isinstance(parents, bool) or not isinstance(parents, int) or parents < 1:
         raise ConfigError(f"{key}.parents: expected a positive integer, got {parents!r}")
-    beta2 = _numbers(raw["beta2"], f"{key}.beta2", positive=False) if raw.get("beta2") is not None else ()
-    return StageConfig(size=raw["size"], parents=parents, beta2=beta2)
+    return StageConfig(size=raw["size"], parents=parents, points=points, seeds=seeds, **grid)
 
 
 def parse_campaign(
@@ -108,10 +166,17 @@ def parse_campaign(
             raise ConfigError(
                 f"campaign.stages[{i}].size: unknown size '{stage.size}' (sizes: {', '.join(sorted(sizes))})"
             )
-        if i and stage.parents > len(stage_run_ids_of(stages, i - 1)):
+        before = len(_stage_configurations(stages, i - 1)) if i else 0
+        if i and stage.parents > before:
             raise ConfigError(
                 f"campaign.stages[{i}].parents: {stage.parents} exceeds the "
-                f"{len(stage_run_ids_of(stages, i - 1))} runs of {stage_name(i - 1)}"
+                f"{before} configurations of {stage_name(i - 1)}"
+            )
+        ids = [run.run_id for run in _stage_runs(stages, i)]
+        repeated = sorted({r for r in ids if ids.count(r) > 1})
+        if repeated:
+            raise ConfigError(
+                f"campaign.stages[{i}]: run ids repeat ({', '.join(repeated[:3])}); give distinct grid values"
             )
     for key in ("batch_tokens", "tuning", "throughput"):
         extra = sorted(set(section.get(key) or {}) - set(used))
@@ -129,14 +194,25 @@ def parse_campaign(
     )
 
 
+def _stage_dict(stage: StageConfig) -> dict[str, Any]:
+    """A stage as JSON; keys at their default are left out, so a campaign planned before they existed keeps
+    its identity."""
+    out: dict[str, Any] = {}
+    for key, value in vars(stage).items():
+        if value in ((), 0):
+            continue
+        if key == "points":
+            out[key] = [dict(point) for point in value]
+        else:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def settings_dict(config: CampaignConfig) -> dict[str, Any]:
     """A JSON-ready form of the settings (what the workflow hands to the CLI)."""
     return {
         "root": config.root,
-        "stages": [
-            {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(s).items() if v not in ((), 0)}
-            for s in config.stages
-        ],
+        "stages": [_stage_dict(s) for s in config.stages],
         "sizes": {k: dict(v) for k, v in config.sizes.items()},
         "overrides": dict(config.overrides),
         "batch_tokens": dict(config.batch_tokens),
@@ -161,8 +237,20 @@ def format_value(value: float) -> str:
 
 
 @dataclass(frozen=True)
+class PlannedConfiguration:
+    """One grid point of a stage (a configuration); it trains once per seed."""
+
+    configuration: str
+    """Its id: the run id of its runs without the seed suffix."""
+    optimizer: Mapping[str, float]
+    """Stage 1: the grid point; later stages: the values set on top of the parent's optimizer block."""
+    parent_rank: int | None = None
+    """Later stages: rank (0 = best) of the parent configuration in the previous stage."""
+
+
+@dataclass(frozen=True)
 class PlannedRun:
-    """One run of a stage, known before anything trains."""
+    """One run of a stage (a configuration with one seed), known before anything trains."""
 
     run_id: str
     stage: str
@@ -170,28 +258,82 @@ class PlannedRun:
     optimizer: Mapping[str, float]
     """Stage 1: the grid point; later stages: the values set on top of the parent's optimizer block."""
     parent_rank: int | None = None
-    """Later stages: rank (0 = best) of the parent in the previous stage."""
+    """Later stages: rank (0 = best) of the parent configuration in the previous stage."""
+    configuration: str = ""
+    """The configuration's id (the run id without the seed suffix)."""
+    seed: int | None = None
+    """runtime.seed of the run; None = the template's (a stage without seeds)."""
+
+
+def _id(prefix: str, values: Mapping[str, float], keys: Sequence[str]) -> str:
+    return prefix + "".join(f"-{_ID_PARTS[k].format(format_value(values[k]))}" for k in keys)
+
+
+def _product(stage: StageConfig) -> list[dict[str, float]]:
+    lists = [(k, getattr(stage, k)) for k in GRID_KEYS if getattr(stage, k)]
+    if stage.points:
+        return [dict(point) for point in stage.points]
+    return [
+        dict(zip([k for k, _ in lists], combo, strict=True))
+        for combo in itertools.product(*(v for _, v in lists))
+    ]
+
+
+def _stage_configurations(stages: Sequence[StageConfig], index: int) -> list[PlannedConfiguration]:
+    """A stage's configurations in grid order (later stages: parent rank first, then grid order).
+
+    Run ids: stage 1 names lr and weight decay always and beta1/beta2 where the list has several values
+    (``20m-lr0.001-wd0.1``, ``20m-lr0.001-wd0.1-beta2-0.98``); a later stage names the parent's rank and
+    every listed key (``50m-parent0-beta2-0.99``); an explicit point names the keys it sets.
+    """
+    stage = stages[index]
+    points = _product(stage)
+    if index == 0:
+        if stage.points:
+            keys_of = [[k for k in GRID_KEYS if k in p] for p in points]
+        else:
+            named = [k for k in GRID_KEYS if k in ("lr", "weight_decay") or len(getattr(stage, k)) > 1]
+            keys_of = [[k for k in named if k in p] for p in points]
+        return [
+            PlannedConfiguration(_id(stage.size, p, keys), p) for p, keys in zip(points, keys_of, strict=True)
+        ]
+    configurations = []
+    for rank in range(stage.parents):
+        for p in points:
+            keys = [k for k in GRID_KEYS if k in p]
+            configurations.append(PlannedConfiguration(_id(f"{stage.size}-parent{rank}", p, keys), p, rank))
+    return configurations
+
+
+def stage_seeds(stages: Sequence[StageConfig], index: int) -> tuple[int, ...]:
+    """The seeds of stage ``index``: its own, else those of the stage before (promotion keeps the seeds)."""
+    for stage in reversed(stages[: index + 1]):
+        if stage.seeds:
+            return stage.seeds
+    return ()
+
+
+def seed_run_id(configuration: str, seed: int | None) -> str:
+    """``50m-parent0-beta2-0.99`` + seed 43 -> ``50m-parent0-beta2-0.99-s43`` (no seed: unchanged)."""
+    return configuration if seed is None else f"{configuration}-s{seed}"
 
 
 def _stage_runs(stages: Sequence[StageConfig], index: int) -> list[PlannedRun]:
     stage, name = stages[index], stage_name(index)
-    if index == 0:
-        many_beta2 = len(stage.beta2) > 1
-        runs = []
-        for lr, wd, beta2 in itertools.product(stage.lr, stage.weight_decay, stage.beta2):
-            run_id = f"{stage.size}-lr{format_value(lr)}-wd{format_value(wd)}"
-            if many_beta2:
-                run_id += f"-beta2-{format_value(beta2)}"
-            runs.append(PlannedRun(run_id, name, stage.size, {"lr": lr, "weight_decay": wd, "beta2": beta2}))
-        return runs
-    runs = []
-    for rank in range(stage.parents):
-        if not stage.beta2:
-            runs.append(PlannedRun(f"{stage.size}-parent{rank}", name, stage.size, {}, rank))
-        for beta2 in stage.beta2:
-            run_id = f"{stage.size}-parent{rank}-beta2-{format_value(beta2)}"
-            runs.append(PlannedRun(run_id, name, stage.size, {"beta2": beta2}, rank))
-    return runs
+    seeds: Sequence[int | None] = stage_seeds(stages, index) or (None,)
+    return [
+        PlannedRun(
+            seed_run_id(c.configuration, seed),
+            name,
+            stage.size,
+            c.optimizer,
+            c.parent_rank,
+            c.configuration,
+            seed,
+        )
+        for c in _stage_configurations(stages, index)
+        for seed in seeds
+    ]
 
 
 def stage_run_ids_of(stages: Sequence[StageConfig], index: int) -> list[str]:
@@ -199,8 +341,21 @@ def stage_run_ids_of(stages: Sequence[StageConfig], index: int) -> list[str]:
 
 
 def planned_runs(config: CampaignConfig) -> dict[str, list[PlannedRun]]:
-    """Stage name -> its runs, in grid / parent-rank order."""
+    """Stage name -> its runs, configuration by configuration (grid / parent-rank order), seeds within."""
     return {stage_name(i): _stage_runs(config.stages, i) for i in range(len(config.stages))}
+
+
+def planned_configurations(config: CampaignConfig) -> dict[str, list[PlannedConfiguration]]:
+    """Stage name -> its configurations in grid / parent-rank order."""
+    return {stage_name(i): _stage_configurations(config.stages, i) for i in range(len(config.stages))}
+
+
+def configuration_runs(config: CampaignConfig, stage: str) -> dict[str, list[str]]:
+    """Configuration id -> its run ids (one per seed) for one stage."""
+    members: dict[str, list[str]] = {}
+    for run in planned_runs(config)[stage]:
+        members.setdefault(run.configuration, []).append(run.run_id)
+    return members
 
 
 def run_dir(config: CampaignConfig, stage: str, run_id: str) -> str:

@@ -14,14 +14,16 @@ from tiny_llm.campaign.identity import (
     campaign_identity_payload,
     check_unchanged,
 )
-from tiny_llm.campaign.ranking import RunOutcome, outcome_from, rank_runs
+from tiny_llm.campaign.ranking import ConfigurationOutcome, RunOutcome, outcome_from, rank_configurations
 from tiny_llm.campaign.stages import (
     CampaignConfig,
+    configuration_runs,
     planned_runs,
     recipe_path,
     run_dir,
     settings_dict,
     stage_name,
+    stage_seeds,
     template_path,
 )
 from tiny_llm.campaign.templates import build_template, child_recipes, stage1_recipes
@@ -122,6 +124,8 @@ def campaign_record(config: CampaignConfig, plan: Plan) -> dict[str, Any]:
                 "stage": stage,
                 "size": runs[0].size,
                 "runs": [r.run_id for r in runs],
+                "seeds": list(stage_seeds(config.stages, i)),
+                "configurations": configuration_runs(config, stage),
                 "parents": config.stages[i].parents or None,
             }
             for i, (stage, runs) in enumerate(planned_runs(config).items())
@@ -137,22 +141,30 @@ def _stage_outcomes(config: CampaignConfig, index: int) -> tuple[list[RunOutcome
         result_file = Path(run_dir(config, stage, run.run_id)) / "result.json"
         if not result_file.is_file():
             raise RunStateError(f"{stage} is not finished: {result_file} is missing")
-        recipes[run.run_id] = _read_yaml(recipe_path(config, stage, run.run_id))
+        recipe = recipes[run.run_id] = _read_yaml(recipe_path(config, stage, run.run_id))
         outcomes.append(
-            outcome_from(run.run_id, read_json_mapping(result_file, REBUILD_RESULT), recipes[run.run_id])
+            outcome_from(
+                run.run_id,
+                read_json_mapping(result_file, REBUILD_RESULT),
+                recipe,
+                run.configuration,
+                run.seed,
+            )
         )
     return outcomes, recipes
 
 
-def rank_stage(config: CampaignConfig, index: int) -> list[RunOutcome]:
-    """The finished runs of stage ``index`` (0-based), best first."""
-    return rank_runs(_stage_outcomes(config, index)[0])
+def rank_stage(config: CampaignConfig, index: int) -> list[ConfigurationOutcome]:
+    """The configurations of stage ``index`` (0-based), best first by the mean loss of their seeds."""
+    return rank_configurations(_stage_outcomes(config, index)[0])
 
 
-def select_children(config: CampaignConfig, stage_index: int) -> tuple[list[RunOutcome], dict[str, dict]]:
+def select_children(
+    config: CampaignConfig, stage_index: int
+) -> tuple[list[ConfigurationOutcome], dict[str, dict]]:
     """Rank the stage before ``stage_index`` (0-based) and build that stage's recipes from its files."""
     outcomes, recipes = _stage_outcomes(config, stage_index - 1)
-    ranked = rank_runs(outcomes)
+    ranked = rank_configurations(outcomes)
     template = _read_yaml(template_path(config, config.stages[stage_index].size))
-    parents = [recipes[o.run_id] for o in ranked]
+    parents = [recipes[c.runs[0].run_id] for c in ranked]
     return ranked, child_recipes(config, stage_index, template, parents)

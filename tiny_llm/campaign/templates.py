@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tiny_llm.campaign.stages import CampaignConfig, planned_runs, run_dir, stage_name
+from tiny_llm.campaign.stages import CampaignConfig, PlannedRun, planned_runs, run_dir, stage_name
 from tiny_llm.config import (
     deep_merge,
     identity_differences,
@@ -79,15 +79,19 @@ def _validated(data: dict[str, Any], what: str):
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def _run_recipe(template: Mapping[str, Any], optimizer: Mapping[str, Any], out_dir: str) -> dict[str, Any]:
-    recipe = deep_merge(dict(template), {"optimizer": dict(optimizer), "runtime": {"output_dir": out_dir}})
+def _run_recipe(template: Mapping[str, Any], optimizer: Mapping[str, Any], run: PlannedRun, out_dir: str):
+    """The template with the run's optimizer values, its seed (where the stage has seeds) and run dir."""
+    runtime: dict[str, Any] = {"output_dir": out_dir}
+    if run.seed is not None:
+        runtime["seed"] = run.seed
+    recipe = deep_merge(dict(template), {"optimizer": dict(optimizer), "runtime": runtime})
     return recipe_to_dict(_validated(recipe, f"campaign run {out_dir}"))
 
 
 def stage1_recipes(config: CampaignConfig, template: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Run id -> complete recipe for every grid point of stage 1."""
+    """Run id -> complete recipe for every grid point and seed of stage 1."""
     runs = planned_runs(config)[stage_name(0)]
-    return {r.run_id: _run_recipe(template, r.optimizer, run_dir(config, r.stage, r.run_id)) for r in runs}
+    return {r.run_id: _run_recipe(template, r.optimizer, r, run_dir(config, r.stage, r.run_id)) for r in runs}
 
 
 def child_recipes(
@@ -96,9 +100,11 @@ def child_recipes(
     template: Mapping[str, Any],
     parents: Sequence[Mapping[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """Run id -> recipe for a later stage: each parent's whole optimizer block, then the stage's values.
+    """Run id -> recipe for a later stage: each parent's whole optimizer block, then the stage's values,
+    once per seed of the stage.
 
-    ``parents`` are the previous stage's recipes in rank order (0 = best).
+    ``parents`` are recipes of the previous stage's configurations in rank order (0 = best), one per
+    configuration (its seeds differ only in runtime.seed).
     """
     runs = planned_runs(config)[stage_name(stage_index)]
     needed = config.stages[stage_index].parents
@@ -107,5 +113,5 @@ def child_recipes(
     out = {}
     for run in runs:
         optimizer = {**parents[run.parent_rank]["optimizer"], **run.optimizer}
-        out[run.run_id] = _run_recipe(template, optimizer, run_dir(config, run.stage, run.run_id))
+        out[run.run_id] = _run_recipe(template, optimizer, run, run_dir(config, run.stage, run.run_id))
     return out

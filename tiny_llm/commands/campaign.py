@@ -2,8 +2,8 @@
 
 - ``plan``: validate the settings, build each size's template recipe, check (or record) the campaign
   identity, write campaign.json (with the GPU-hour estimate) and the stage-1 recipes.
-- ``select --stage N``: rank stage N-1 by final validation loss and write stage N's recipes
-  (``--run ID``: only that run's recipe, as the workflow does, one job per run).
+- ``select --stage N``: rank stage N-1's configurations by the mean final validation loss of their seeds and
+  write stage N's recipes (``--run ID``: only that run's recipe, as the workflow does, one job per run).
 - ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
 - ``diverged --run-dir D --exit-code N``: after a failed training job, record a run that stopped on a
   non-finite loss as a diverged result (ranked last) and exit 0; any other failure exits N.
@@ -85,13 +85,25 @@ def select(config: campaign.CampaignConfig, stage: int | None, run: str | None) 
             raise ConfigError(f"--run: '{run}' is not a run of stage {stage}: {', '.join(recipes)}")
         atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run), recipes[run])
         planned = {r.run_id: r for r in campaign.planned_runs(config)[campaign.stage_name(index)]}
-        print(f"{run}: parent {ranked[planned[run].parent_rank or 0].run_id} of {previous}")
+        print(f"{run}: parent {ranked[planned[run].parent_rank or 0].configuration} of {previous}")
         return
     atomic_write_json(campaign.ranking_path(config, previous), campaign.ranking_rows(ranked))
     for run_id, recipe in recipes.items():
         atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe)
-    promoted = ", ".join(o.run_id for o in ranked[: config.stages[index].parents])
-    print(f"{previous} best: {ranked[0].run_id} (loss {ranked[0].loss:.6f}); promoted: {promoted}")
+    promoted = ", ".join(c.configuration for c in ranked[: config.stages[index].parents])
+    print(f"{previous} best: {describe_best(ranked[0])}; promoted: {promoted}")
+
+
+def describe_best(best: campaign.ConfigurationOutcome) -> str:
+    """``20m-lr0.001-wd0.1 (loss 3.609748)``, or ``... (mean loss 3.558689 +- 0.004887 over 3 seeds)``."""
+    if best.diverged:
+        return (
+            f"{best.configuration} (no finite loss: {len(best.diverged)} of {len(best.runs)} runs diverged)"
+        )
+    if len(best.runs) == 1:
+        return f"{best.configuration} (loss {best.mean:.6f})"
+    sd = f" +- {best.sd:.6f}" if best.sd is not None else ""
+    return f"{best.configuration} (mean loss {best.mean:.6f}{sd} over {len(best.runs)} seeds)"
 
 
 def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
@@ -100,7 +112,7 @@ def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
     atomic_write_json(
         campaign.ranking_path(config, campaign.stage_name(index)), campaign.ranking_rows(ranked)
     )
-    print(f"{campaign.stage_name(index)} best: {ranked[0].run_id} (loss {ranked[0].loss:.6f})")
+    print(f"{campaign.stage_name(index)} best: {describe_best(ranked[0])}")
 
 
 def diverged(run_dir: str | None, exit_code: int) -> int:
