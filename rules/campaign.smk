@@ -32,8 +32,11 @@ if PLAN.campaign:
             recipes=PLAN.campaign.recipes("stage1"),
         params:
             plan_files=plan_file_digest,
+            estimate=PLAN.campaign.estimate_text,
         log:
             "logs/plan_campaign/campaign.log",
+        message:
+            "Plan the campaign in {CAMPAIGN_ROOT}; GPU-hour estimate (training only):\n{params.estimate}"
         localrule: True
         conda:
             "../envs/report.yaml"

@@ -557,3 +557,101 @@ def test_select_promotes_a_configuration_with_all_its_seeds(tmp_path, capsys):
         ("s-lr0.003-wd0.1", 3.4, 2),
         ("s-lr0.001-wd0.1", 3.5, 2),
     ]
+
+
+# ----------------------------------------------------------------------------- wider grids
+
+
+def test_any_stage_varies_lr_weight_decay_beta1_and_beta2_as_a_full_product():
+    section = {
+        "stages": [
+            {"size": "20m", "lr": [1e-3, 3e-3], "beta1": [0.9, 0.95], "beta2": [0.95, 0.99]},
+            {"size": "50m", "parents": 2, "lr": [1e-3], "weight_decay": [0.0, 0.1]},
+        ]
+    }
+    config = campaign.parse_campaign(section, CLUSTER_SIZES, "results/campaign")
+    runs = campaign.planned_runs(config)
+    assert [r.run_id for r in runs["stage1"]] == [
+        f"20m-lr{lr}-wd0.1-beta1-{b1}-beta2-{b2}"
+        for lr in ("0.001", "0.003")
+        for b1 in ("0.9", "0.95")
+        for b2 in ("0.95", "0.99")
+    ]
+    assert runs["stage1"][-1].optimizer == {"lr": 3e-3, "weight_decay": 0.1, "beta1": 0.95, "beta2": 0.99}
+    # a later stage crosses every parent with its own lists (each listed key names the run, as beta2 did)
+    assert [r.run_id for r in runs["stage2"]] == [
+        f"50m-parent{rank}-lr0.001-wd{wd}" for rank in (0, 1) for wd in ("0", "0.1")
+    ]
+    templates = campaign.load_templates(config)
+    parent = {"optimizer": {**templates["50m"]["optimizer"], "lr": 3e-3, "beta1": 0.95, "beta2": 0.99}}
+    children = campaign.child_recipes(config, 1, templates["50m"], [parent, parent])
+    child = children["50m-parent1-lr0.001-wd0"]["optimizer"]
+    assert child == {**parent["optimizer"], "lr": 1e-3, "weight_decay": 0.0}  # the rest is the parent's
+
+
+def test_explicit_points_instead_of_a_product():
+    section = {
+        "stages": [
+            {
+                "size": "20m",
+                "points": [{"lr": 1e-3, "beta2": 0.95}, {"lr": 5.6e-3, "beta2": 0.98}],
+                "seeds": [1, 2],
+            },
+            {"size": "50m", "parents": 1, "points": [{"beta1": 0.95}, {"lr": 2e-3, "weight_decay": 0.0}]},
+        ]
+    }
+    config = campaign.parse_campaign(section, CLUSTER_SIZES, "results/campaign")
+    runs = campaign.planned_runs(config)
+    assert [r.run_id for r in runs["stage1"]] == [
+        "20m-lr0.001-beta2-0.95-s1",
+        "20m-lr0.001-beta2-0.95-s2",
+        "20m-lr0.0056-beta2-0.98-s1",
+        "20m-lr0.0056-beta2-0.98-s2",
+    ]
+    recipes = campaign.stage1_recipes(config, campaign.load_templates(config)["20m"])
+    point = recipes["20m-lr0.0056-beta2-0.98-s2"]["optimizer"]
+    assert (point["lr"], point["beta2"], point["weight_decay"]) == (
+        5.6e-3,
+        0.98,
+        0.1,
+    )  # the rest: the preset's
+    assert [r.run_id for r in runs["stage2"]][::2] == [
+        "50m-parent0-beta1-0.95-s1",
+        "50m-parent0-lr0.002-wd0-s1",
+    ]
+    again = campaign.config_from_settings(json.loads(json.dumps(campaign.settings_dict(config))))
+    assert again == config
+    for bad, message in [
+        ([{"lr": 1e-3}, {"lr": 1e-3}], "values repeat"),
+        ([{"momentum": 0.9}], "unknown key"),
+        ([{"beta2": 1.0}], "below 1"),
+        ([], "non-empty list"),
+    ]:
+        broken = json.loads(json.dumps(section))
+        broken["stages"][0]["points"] = bad
+        with pytest.raises(ConfigError, match=message):
+            campaign.parse_campaign(broken, CLUSTER_SIZES, "results/campaign")
+
+
+def test_the_reference_72_run_sweep_is_a_workflow_config(capsys):
+    """config/sweep-20m.yaml: 8 LR x 3 beta2 x seeds 42/43/44 of 20M at 131,072 tokens, micro 128."""
+    sweep = Path(__file__).resolve().parents[2] / "config" / "sweep-20m.yaml"
+    assert run_cli("campaign", "estimate", "--workflow-config", str(sweep)) == 0
+    captured = capsys.readouterr()
+    estimate = json.loads(captured.out)
+    [stage] = estimate["stages"]
+    assert (stage["configurations"], stage["seeds"], stage["runs"]) == (24, 3, 72)
+    assert stage["tokens_per_run"] == 408_071_168
+    assert estimate["total_gpu_hours"] == pytest.approx(72 * 408_071_168 / 1_636_281 / 3600)
+    assert "stage1: 72 (24 configurations x 3 seeds) x 20m" in captured.err
+    from tiny_llm.commands.campaign import workflow_campaign_settings
+
+    config = campaign.config_from_settings(workflow_campaign_settings(str(sweep)))
+    runs = campaign.planned_runs(config)["stage1"]
+    assert runs[0].run_id == "20m-lr0.0014-wd0.1-beta2-0.95-s42"
+    assert runs[-1].run_id == "20m-lr0.0224-wd0.1-beta2-0.999-s44"
+    recipe = campaign.stage1_recipes(config, campaign.load_templates(config)["20m"])[
+        "20m-lr0.0056-wd0.1-beta2-0.98-s43"
+    ]
+    assert recipe["training"]["batch_tokens"] == 131072 and recipe["training"]["micro_batch_size"] == 128
+    assert recipe["runtime"]["seed"] == 43 and recipe["optimizer"]["beta1"] == 0.9

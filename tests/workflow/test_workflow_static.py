@@ -125,3 +125,14 @@ def test_export_stage_dry_runs_one_job_per_run_and_campaign_size(tmp_path: Path)
     assert counts["export_run"] == len(config["runs"]) and counts["export_best"] == len(sizes)
     assert counts["report_exports"] == 1
     assert "--best-of results/campaign/stage3/ranking.json" in proc.stdout
+
+
+def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path) -> None:
+    """config/sweep-20m.yaml: 8 LR x 3 beta2 x 3 seeds; the plan job's message gives the GPU-hour estimate."""
+    proc = snakemake(tmp_path, REPO / "config" / "sweep-20m.yaml", "-n", "campaign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["train_campaign"] == 72 and counts["plan_campaign"] == 1 and counts["rank_stage"] == 1
+    assert "select_run" not in counts and "bench_candidate" not in counts
+    assert "stage1: 72 (24 configurations x 3 seeds) x 20m x 408,071,168 tokens -> 4.988 GPU-h" in proc.stdout
+    assert "results/sweep-20m/stage1/20m-lr0.0056-wd0.1-beta2-0.98-s43/result.json" in proc.stdout

@@ -7,7 +7,7 @@ from typing import Any
 
 from tiny_llm import campaign as campaign_lib
 from tiny_llm.config import deep_merge, identity_differences
-from tiny_llm.errors import ConfigError
+from tiny_llm.errors import ConfigError, TinyLLMError
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import tuning_selected
 from tiny_llm.pipeline.recipes import RecipeBook
@@ -95,6 +95,14 @@ class CampaignPlan:
     def thread_flags(self, run: str, threads: int) -> str:
         """Untuned sizes train with the job's threads; tuned ones keep the threads their tuning selected."""
         return "" if self.size(run) in self.tuned_sizes else f"--set runtime.cpu_threads={threads}"
+
+    def estimate_text(self, wildcards: Any = None) -> str:
+        """The GPU-hour estimate as plan_campaign prints it (a params function: the job's message in
+        `snakemake -n --quiet host`); a problem with a tuning result is plan_campaign's to report."""
+        try:
+            return campaign_lib.describe_estimate(campaign_lib.estimate_only(self.config))
+        except TinyLLMError as exc:
+            return f"unknown ({exc})"
 
     def report_flags(self) -> str:
         return " ".join(f"--require-size {size}" for size in self.config.sizes)
