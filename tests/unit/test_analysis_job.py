@@ -19,7 +19,12 @@ from tiny_llm.analysis.checkpoints import load_saved_weights
 from tiny_llm.analysis.data import load_epoch
 from tiny_llm.analysis.hessian import FlatParameters, gradient, model_loss
 from tiny_llm.analysis.job import result_line, run_analysis
-from tiny_llm.analysis.names import epoch_checkpoint, missing_checkpoints, saved_checkpoints
+from tiny_llm.analysis.names import (
+    cache_tokens_needed,
+    epoch_checkpoint,
+    missing_checkpoints,
+    saved_checkpoints,
+)
 from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.budget import make_budget
 from tiny_llm.config import load_recipe
@@ -149,7 +154,11 @@ def test_too_small_a_cache_for_the_unseen_case_is_a_clear_error(
         DataError, match=r"^cache too small for the unseen case: need \d+ train tokens"
     ) as info:
         load_epoch(big, cache, "unseen")
-    assert "\n" not in str(info.value) and "prepare_train_tokens" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert f"data.prepare_train_tokens >= {cache_tokens_needed(big)} " in str(
+        info.value
+    )  # what the plan asks
+    assert cache_tokens_needed(big, ("seen",)) == make_budget(big).cache_tokens_needed
     assert load_epoch(big, cache, "seen").num_blocks == make_budget(big).epoch_boundaries[0]
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tiny_llm.budget import Budget, make_budget
+from tiny_llm.analysis.names import cache_tokens_needed, unseen_range
+from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig
 from tiny_llm.data.cache import TokenCache
 from tiny_llm.data.loader import TrainLoader
@@ -94,16 +95,6 @@ class _ShiftedCache:
         return self.cache.read(split, self.offset + start, self.offset + stop)
 
 
-def unseen_blocks(budget: Budget, num_models: int) -> int:
-    """Blocks of the unseen epoch: the first epoch's blocks rounded down to whole effective batches (at least
-    one batch; for a first epoch shorter than one batch, its blocks rounded down to whole workers)."""
-    first = budget.epoch_boundaries[0]
-    per_update = budget.blocks_per_update
-    if first >= per_update:
-        return first // per_update * per_update
-    return max(num_models, first // num_models * num_models)
-
-
 def load_epoch(
     recipe: RecipeConfig, cache: TokenCache, case: str, blocks_per_range: int | None = None
 ) -> AnalysisEpoch:
@@ -120,10 +111,10 @@ def load_epoch(
         updates = budget.epoch_updates(0)
         source: Any = cache
     elif case == "unseen":
-        first_block, range_blocks = budget.num_blocks, unseen_blocks(budget, workers)
+        first_block, range_blocks = unseen_range(recipe)
         full, rest = divmod(range_blocks, budget.blocks_per_update)
         updates = [budget.blocks_per_update] * full + ([rest] if rest else [])
-        need = (first_block + range_blocks) * L + 1
+        need = cache_tokens_needed(recipe, ("unseen",))
         have = cache.num_tokens("train")
         if have < need:
             raise DataError(

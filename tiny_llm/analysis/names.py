@@ -1,4 +1,5 @@
-"""Which checkpoints a run saves, by name, known from its recipe before it runs (torch-free).
+"""What an analysis of a run needs, known from its recipe before the run exists (torch-free): the names of the
+checkpoints it saves, and the blocks and cache size of the unseen case.
 
 A name is what ``analyze --checkpoint`` takes: ``epoch-NNN`` (the state or weights saved at the end of
 epoch NNN, policy ``all``), ``final`` (the final state, every policy but ``none``) or ``latest`` (the
@@ -52,3 +53,22 @@ def missing_checkpoints(recipe: RecipeConfig, wanted: list[str]) -> list[str]:
     if recipe.training.checkpoint_policy == "all":
         saved.add(FINAL)
     return [name for name in wanted if name not in saved]
+
+
+def unseen_range(recipe: RecipeConfig) -> tuple[int, int]:
+    """(first block, blocks) of the unseen case: right after the budget's last block, the first epoch's blocks
+    rounded down to whole effective batches (a first epoch shorter than one batch: to whole workers)."""
+    budget = make_budget(recipe)
+    workers = recipe.decentralized.num_models if recipe.decentralized else 1
+    first, per_update = budget.epoch_boundaries[0], budget.blocks_per_update
+    if first >= per_update:
+        return budget.num_blocks, first // per_update * per_update
+    return budget.num_blocks, max(workers, first // workers * workers)
+
+
+def cache_tokens_needed(recipe: RecipeConfig, cases: tuple[str, ...] = CASES) -> int:
+    """Train tokens a cache must hold to analyse a run of ``recipe`` on ``cases`` (unseen: one epoch more)."""
+    if "unseen" not in cases:
+        return make_budget(recipe).cache_tokens_needed
+    first, blocks = unseen_range(recipe)
+    return (first + blocks) * recipe.model.context_length + 1
