@@ -189,10 +189,24 @@ def test_job_writes_samples_manifest_and_result_and_reuses_it(trained: TrainedRu
     faster = dataclasses.replace(settings, directions_per_pass=1, hvp_batch_size=3)
     assert run_analysis(trained.run_dir, "epoch-002", output, faster, log=lambda _: None) == result
     changed = dataclasses.replace(settings, random_samples=3)
-    with pytest.raises(RunStateError, match=r"other inputs or settings \(settings\.random_samples: 2 -> 3\)"):
+    with pytest.raises(RunStateError, match=r"holds another analysis \(settings\.random_samples: 2 -> 3\)"):
         run_analysis(trained.run_dir, "epoch-002", output, changed, log=lambda _: None)
     with pytest.raises(RunStateError, match="checkpoint: 'epoch-002' -> 'epoch-003'"):
         run_analysis(trained.run_dir, "epoch-003", output, settings, log=lambda _: None)
+    # the same job after the run was trained again (other weights under the same name): it starts over
+    manifest = json.loads((output / "manifest.json").read_text())
+    manifest["identity_payload"]["inputs"]["weights_hash"] = "0" * 64
+    manifest["identity_payload"]["identity"] = "stale"
+    (output / "manifest.json").write_text(json.dumps(manifest))
+    lines.clear()
+    assert run_analysis(trained.run_dir, "epoch-002", output, settings, log=lines.append) == result | {
+        "seconds_this_session": pytest.approx(result["seconds_this_session"], abs=60),
+        "seconds": pytest.approx(result["seconds"], rel=10),
+    }
+    assert "inputs changed since (inputs.weights_hash: '000" in lines[0] and lines[0].endswith(
+        "starting over"
+    )
+    assert "5 of 5 directions to measure" in lines[1]
 
 
 def _rows(output: Path, kind: str) -> list[dict]:

@@ -111,23 +111,41 @@ class AnalysisJob:
     # ------------------------------------------------------------------ identity and files
 
     def check_output(self) -> dict[str, Any] | None:
-        """Refuse another job's directory; return the finished result of this one, if any."""
+        """Refuse another job's directory; return the finished result of this one, if any.
+
+        Other measured settings, another checkpoint name or case: refused (a new --output is another job).
+        The same job on inputs that changed since (the run was trained again: other weights, recipe or cache
+        identity): the old samples describe weights that no longer exist, so the job starts over.
+        """
         manifest = self.output / "manifest.json"
         if manifest.is_file():
             old = read_json(manifest).get("identity_payload", {})
             if old.get("identity") != self.identity["identity"]:
-                changed = identity_differences(old, self.identity)
-                changed = [c for c in changed if not c.startswith("identity:")] or ["identity"]
-                raise RunStateError(
-                    f"{self.output} holds an analysis with other inputs or settings ({'; '.join(changed)}); "
-                    "use a new --output directory or remove it"
-                )
+                changed = [
+                    c for c in identity_differences(old, self.identity) if not c.startswith("identity:")
+                ]
+                job = [
+                    c
+                    for c in changed
+                    if c.startswith(("settings.", "inputs.checkpoint:", "format", "version"))
+                ]
+                if job or not changed:
+                    raise RunStateError(
+                        f"{self.output} holds another analysis ({'; '.join(job or ['identity'])}); "
+                        "use a new --output directory or remove it"
+                    )
+                self.log(f"{self.output}: inputs changed since ({'; '.join(changed)}); starting over")
+                self.start_over()
         result = self.output / "result.json"
         if result.is_file():
             done = read_json(result)
             if done.get("identity") == self.identity["identity"]:
                 return done
         return None
+
+    def start_over(self) -> None:
+        for path in [*self.samples_dir.glob("*.json"), self.state_path, self.output / "result.json"]:
+            path.unlink(missing_ok=True)
 
     def write_manifest(self, epoch: AnalysisEpoch) -> None:
         atomic_write_json(
