@@ -71,6 +71,27 @@ class AnalysisConfig:
     def execution(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k in EXECUTION_FIELDS}
 
+    def tag(self) -> str:
+        """A short directory name for the measured settings but the case (``s32-r32-seed42``, then ``-fp64``,
+        ``-amp``, ``-noconsensus`` where set): a workflow that puts it in the path sends other settings to a
+        new directory instead of having them refused."""
+        parts = [f"s{self.noise_samples}", f"r{self.random_samples}", f"seed{self.seed}"]
+        parts += (
+            ["fp64"] * (self.dtype == "float64") + ["amp"] * self.amp + ["noconsensus"] * (not self.consensus)
+        )
+        return "-".join(parts)
+
+    def flags(self) -> list[str]:
+        """The ``analyze`` options giving these settings, case included (device and threads: where set)."""
+        out = ["--case", self.case, "--noise-samples", str(self.noise_samples)]
+        out += ["--random-samples", str(self.random_samples), "--seed", str(self.seed), "--dtype", self.dtype]
+        out += ["--amp"] * self.amp + ["--no-consensus"] * (not self.consensus)
+        if self.hvp_batch_size is not None:
+            out += ["--hvp-batch-size", str(self.hvp_batch_size)]
+        out += ["--directions-per-pass", str(self.directions_per_pass)]
+        out += ["--device", self.device] if self.device else []
+        return out + (["--threads", str(self.threads)] if self.threads else [])
+
 
 def parse_noise_samples(text: str) -> int | Literal["all"]:
     """``all`` or a positive count (argparse type)."""
