@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,11 @@ def test_bad_settings_are_one_line_errors_naming_the_flags() -> None:
         AnalysisConfig(case="seen", directions_per_pass=0)
     with pytest.raises(ConfigError, match="--noise-samples: 'some' is neither a count nor all"):
         parsed(["--case", "seen", "--noise-samples", "some"])
+
+
+def test_what_the_workflow_plan_and_the_summary_import_stays_torch_free() -> None:
+    modules = ("names", "settings", "stats", "summary")
+    code = "; ".join(f"import tiny_llm.analysis.{m}" for m in modules)
+    code += "; import tiny_llm.commands.analysis_summary, sys; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
