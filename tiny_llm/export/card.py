@@ -104,10 +104,10 @@ def model_card(meta: dict[str, Any]) -> str:
             "greedy"
             if s["temperature"] == 0
             else f"temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, "
-            f"seed {s['seed']}"
+            f"seed {s['seed']} + prompt index"
         )
         lines += ["", "## Samples", "", f"Continuations by tiny-llm's `generate` ({how}):", ""]
         for item in samples["items"]:
-            lines += [f"**{item['prompt']}** {item['completion']}", ""]
+            lines += [f"**{item['prompt']}**{item['completion']}", ""]
         lines.pop()
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ Only torch, safetensors and tokenizers are needed here; transformers itself is n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -129,20 +130,21 @@ def recipe_facts(recipe: RecipeConfig) -> dict[str, Any]:
 def sample_continuations(
     recipe: RecipeConfig, state: dict[str, torch.Tensor], prompts: PromptSet, tokenizer_dir: Path, eos: int
 ) -> dict[str, Any]:
-    """Continue every prompt with the exported weights (on the CPU)."""
+    """Continue every prompt with the exported weights (on the CPU); prompt i draws with seed + i."""
     tokenizer = load_tokenizer(str(tokenizer_dir))
     model = Llama(recipe.model)
     model.load_state_dict(state)
     model.eval()
     items = []
-    for text in prompts.prompts:
-        ids = prompt_ids(tokenizer.encode_batch([text])[0], prompts.sampling, eos)
+    for index, text in enumerate(prompts.prompts):
+        settings = dataclasses.replace(prompts.sampling, seed=prompts.sampling.seed + index)
+        ids = prompt_ids(tokenizer.encode_batch([text])[0], settings, eos)
         if len(ids) >= recipe.model.context_length:
             raise ConfigError(
                 f"prompt {text[:40]!r} has {len(ids)} tokens; model.context_length "
                 f"{recipe.model.context_length} leaves no room to continue it"
             )
-        out = generate(model, ids, prompts.sampling, eos_token_id=eos)
+        out = generate(model, ids, settings, eos_token_id=eos)
         new = out.tokens[:-1] if out.stop_reason == "eos" else out.tokens
         items.append(
             {

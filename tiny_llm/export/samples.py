@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def _sampling_text(settings: dict[str, Any]) -> str:
         return f"greedy, up to {settings['max_new_tokens']} new tokens"
     return (
         f"temperature {settings['temperature']:g}, top-k {settings['top_k']}, top-p {settings['top_p']:g}, "
-        f"seed {settings['seed']}, up to {settings['max_new_tokens']} new tokens"
+        f"seed {settings['seed']} + prompt index, up to {settings['max_new_tokens']} new tokens"
     )
 
 
@@ -161,7 +162,8 @@ def _page(title: str, body: list[str], extra_css: str = "") -> str:
 
 
 def _md_escape(text: str) -> str:
-    return " ".join(text.replace("|", "\\|").split())
+    """One table cell: pipes escaped, every whitespace run one space (a leading space kept)."""
+    return re.sub(r"\s+", " ", text.replace("|", "\\|"))
 
 
 def markdown(rows: list[dict[str, Any]], exports: list[dict[str, Any]]) -> str:
@@ -172,7 +174,7 @@ def markdown(rows: list[dict[str, Any]], exports: list[dict[str, Any]]) -> str:
     for prompt, entries in prompt_table(exports):
         lines += ["", f"## {prompt}", "", "| Model | Continuation | Stop |", "|---|---|---|"]
         for name, item in entries:
-            text = f"**{_md_escape(prompt)}** {_md_escape(item['completion'])}"
+            text = f"**{_md_escape(prompt)}**{_md_escape(item['completion'])}"
             lines.append(f"| {name} | {text} | {item['stop_reason']} |")
     return "\n".join(lines) + "\n"
 
