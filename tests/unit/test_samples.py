@@ -135,6 +135,9 @@ def test_run_and_ranking_resolution(tmp_path):
         json.dumps([{"rank": 1, "run": "b", "loss": 4.0}, {"rank": 0, "run": run.name, "loss": 3.0}])
     )
     assert best_run_dir(ranking) == run
+    seeds = {"rank": 0, "run": run.name, "loss": None, "run_losses": [None, 3.1], "runs": ["x", run.name]}
+    ranking.write_text(json.dumps([seeds]))  # a diverged seed: no mean, but the best seed has a loss
+    assert best_run_dir(ranking) == run
     ranking.write_text(json.dumps([{"rank": 0, "run": "a", "loss": None}]))
     with pytest.raises(DataError, match="no run of the stage has a final loss"):
         best_run_dir(ranking)

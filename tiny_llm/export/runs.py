@@ -1,8 +1,8 @@
 """Which run and checkpoint an export or generation reads (torch-free).
 
 ``--run DIR`` means DIR/resolved.yaml and DIR/final.safetensors (else DIR/final.pt); ``--best-of
-RANKING`` means the best run of a campaign stage: the rank-0 row of ``<stage>/ranking.json``, whose run
-directory lies beside the ranking.
+RANKING`` means the best run of a campaign stage: the rank-0 row's ``run`` of ``<stage>/ranking.json`` (with
+seeds, the best configuration's best seed), whose run directory lies beside the ranking.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def best_run_dir(ranking: str | Path) -> Path:
     if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict) or "run" not in rows[0]:
         raise DataError(f"{ranking}: not a stage ranking (a list of rows with 'run')")
     best = min(rows, key=lambda row: row.get("rank", math.inf))
-    if best.get("loss") is None:
+    # With seeds, ``loss`` is the configuration's mean (null if any seed diverged) and ``run`` its best seed.
+    seed_losses = best.get("run_losses") or []
+    if best.get("loss") is None and not any(loss is not None for loss in seed_losses):
         raise DataError(f"{ranking}: no run of the stage has a final loss (all diverged?); nothing to export")
     return ranking.parent / str(best["run"])
