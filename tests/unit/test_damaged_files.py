@@ -334,10 +334,12 @@ def test_a_damaged_result_of_a_finished_run_is_rewritten_from_its_final_state(
     run_dir = tmp_path / "run"
     shutil.copytree(baseline, run_dir)
     (run_dir / "result.json").write_text('{"parameters": 12')
+    (run_dir / ".latest.pt.x1y2.tmp").write_bytes(b"half a state")  # its writer was killed
     recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, *INTERVAL)
     assert run_training(recipe, resume="auto", quiet=True) == 0
     assert "resumed from" in (run_dir / "run.log").read_text()
     assert_same_run(run_dir, baseline)
+    assert not list(run_dir.glob(".*.tmp"))
 
 
 @pytest.mark.slow

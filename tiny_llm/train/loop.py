@@ -499,6 +499,8 @@ def run_training(
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
     with exclusive_lock(run_dir / ".lock", f"run directory {run_dir}"), signals.stop_on_signals():
+        for stale in run_dir.glob(".*.tmp"):  # temp files of a writer killed mid-write; the lock is ours now
+            stale.unlink(missing_ok=True)
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
