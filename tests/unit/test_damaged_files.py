@@ -3,6 +3,7 @@ YAML files other steps read, and a disk that fills up while a checkpoint or a ca
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -369,3 +370,30 @@ def test_a_full_disk_while_writing_a_cache_shard_publishes_nothing(
         f"nothing was published at {cache_dir}; free space there and rerun the same command"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.lock"]
+
+
+@pytest.mark.slow
+def test_a_non_finite_validation_stops_the_run_as_diverged(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights can blow up while the training losses stay finite: the epoch's validation then says so. A huge
+    but finite loss is kept (its perplexity, which overflows, is null)."""
+    from tiny_llm.commands.train import record_divergence
+
+    evaluate = loop.evaluate
+    losses = iter([1e6, float("nan")])
+
+    def blowing_up(*args: object, **kwargs: object) -> object:
+        return dataclasses.replace(evaluate(*args, **kwargs), loss=next(losses))
+
+    monkeypatch.setattr(loop, "evaluate", blowing_up)
+    run_dir = tmp_path / "run"
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *INTERVAL), quiet=True) == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if r["event"] == "validation")
+    assert first["loss"] == 1e6 and first["perplexity"] is None
+    status = read_json(run_dir / "status.json")
+    assert status["error"] == "step 22: non-finite subset validation loss (nan)"
+    assert record_divergence(run_dir, 1) == 0
+    result = read_json(run_dir / "result.json")
+    assert result["status"] == "diverged" and result["step"] == 22 and result["final_validation"] is None

@@ -32,10 +32,11 @@ class EvalResult:
     validation_complete: bool
 
     @property
-    def perplexity(self) -> float:
-        return math.exp(self.loss) if self.loss < 700 else math.inf
+    def perplexity(self) -> float | None:
+        """exp(loss); None (JSON null) where it overflows a float (loss > ~709 nats, a diverging run)."""
+        return math.exp(self.loss) if self.loss < 700 else None
 
-    def as_dict(self) -> dict[str, float | int | str | bool]:
+    def as_dict(self) -> dict[str, float | int | str | bool | None]:
         return {
             "loss": self.loss,
             "perplexity": self.perplexity,

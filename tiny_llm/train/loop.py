@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 import traceback
 from collections.abc import Iterable
@@ -345,6 +346,8 @@ class Trainer:
             )
         except EvaluationAborted:
             raise Interrupted() from None
+        if not math.isfinite(result.loss):  # the weights diverged although the training losses were finite
+            raise NonFiniteError(self.progress.step, f"non-finite {split} validation loss ({result.loss})")
         peak = peak_memory_bytes(self.device)
         p = self.progress
         p.evaluation_peak_memory_bytes = max(p.evaluation_peak_memory_bytes or 0, peak)
