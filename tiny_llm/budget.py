@@ -55,6 +55,8 @@ class Budget:
     blocks_per_update: int
     epoch_boundaries: tuple[int, ...]
     """Cumulative block index at the end of each epoch; the last is the total."""
+    data_passes: int = 1
+    """Passes over the unique blocks (training.data_passes)."""
 
     @property
     def num_blocks(self) -> int:
@@ -70,9 +72,14 @@ class Budget:
         return len(self.epoch_boundaries)
 
     @property
+    def unique_blocks(self) -> int:
+        """Distinct train blocks the run reads: all of them, or ceil(blocks / data_passes) when it repeats."""
+        return -(-self.num_blocks // self.data_passes)
+
+    @property
     def cache_tokens_needed(self) -> int:
-        """Train tokens the cache must hold: every target plus the first input token."""
-        return self.tokens + 1
+        """Train tokens the cache must hold: every unique target plus the first input token."""
+        return self.unique_blocks * self.context_length + 1
 
     def epoch_updates(self, epoch: int) -> list[int]:
         """Block counts of the updates of ``epoch`` (0-based); the last may be short."""
@@ -116,6 +123,7 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
         context_length=L,
         blocks_per_update=training.batch_tokens // L,
         epoch_boundaries=boundaries,
+        data_passes=training.data_passes,
     )
 
 
@@ -167,6 +175,7 @@ def describe(recipe: RecipeConfig) -> dict[str, int | float]:
         "epochs": budget.num_epochs,
         "updates": budget.num_updates,
         "batch_tokens": recipe.training.batch_tokens,
+        "data_passes": budget.data_passes,
         "cache_tokens_needed": budget.cache_tokens_needed,
         "flops_per_token": flops_per_token(recipe.model),
     }

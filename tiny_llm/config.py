@@ -23,7 +23,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from tiny_llm.budget import packed_epoch_problems
+from tiny_llm.budget import make_budget, packed_epoch_problems
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
@@ -129,6 +129,10 @@ class TrainingConfig:
     """Updates between rolling checkpoints (interval/all)."""
     log_every: int = 20
     """Updates between train metric rows."""
+    data_passes: int = field(default=1, metadata={"late": True})
+    """Passes over the training tokens: the run trains on the cache's first ceil(blocks / data_passes) blocks,
+    each pass in its own seeded order. 1 (default): every training token is new; more repeats data on purpose
+    (a small corpus), recorded in the recipe and its identity."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,6 +416,7 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         "training.micro_batch_size": t.micro_batch_size,
         "training.checkpoint_every": t.checkpoint_every,
         "training.log_every": t.log_every,
+        "training.data_passes": t.data_passes,
         "optimizer.lr": o.lr,
         "optimizer.eps": o.eps,
         "evaluation.subset_blocks": e.subset_blocks,
@@ -458,6 +463,10 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         )
     if t.epoch_tokens_per_parameter > t.tokens_per_parameter:
         problems.append("training.epoch_tokens_per_parameter: larger than training.tokens_per_parameter")
+    elif t.data_passes > 1 and not problems:
+        blocks = make_budget(recipe).num_blocks
+        if t.data_passes > blocks:
+            problems.append(f"training.data_passes: {t.data_passes} passes exceed the run's {blocks} blocks")
     device = recipe.runtime.device
     if device not in ("auto", "cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
         problems.append(f"runtime.device: expected auto, cpu, cuda or cuda:N, got '{device}'")

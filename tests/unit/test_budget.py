@@ -87,3 +87,13 @@ def test_wsd_schedule_edges() -> None:
 def test_zero_warmup_starts_at_peak() -> None:
     opt = load_recipe(["tiny"], ["optimizer.warmup_fraction=0"]).optimizer
     assert lr_at(0, 1000, opt) == pytest.approx(opt.lr)
+
+
+def test_data_passes_shrink_the_cache_need_not_the_budget() -> None:
+    """training.data_passes: the same tokens and updates from ceil(blocks / passes) unique blocks."""
+    sets = ["training.tokens_per_parameter=0.1", "training.epoch_tokens_per_parameter=0.04"]
+    once = make_budget(load_recipe(["tiny"], sets))
+    thrice = make_budget(load_recipe(["tiny"], [*sets, "training.data_passes=3"]))
+    assert thrice.tokens == once.tokens and thrice.update_schedule() == once.update_schedule()
+    assert (once.unique_blocks, thrice.unique_blocks) == (207, 69)  # ceil(207 / 3)
+    assert thrice.cache_tokens_needed == 69 * 64 + 1 and once.cache_tokens_needed == once.tokens + 1

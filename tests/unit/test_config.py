@@ -137,6 +137,18 @@ def test_late_fields_at_default_leave_the_identity_unchanged() -> None:
     assert wsd["optimizer"]["lr_schedule"] == "wsd"
 
 
+def test_data_passes_are_part_of_the_identity_only_when_set() -> None:
+    base = recipe_identity_payload(load_recipe(["tiny"]))
+    assert "data_passes" not in base["training"]  # at its default: older identities stay valid
+    twice = recipe_identity_payload(load_recipe(["tiny"], ["training.data_passes=2"]))
+    assert twice["training"]["data_passes"] == 2
+    assert identity_differences(base, twice) == ["training.data_passes: None -> 2"]
+    with pytest.raises(ConfigError, match="training.data_passes: must be > 0"):
+        load_recipe(["tiny"], ["training.data_passes=0"])
+    with pytest.raises(ConfigError, match="training.data_passes: 999999 passes exceed the run's"):
+        load_recipe(["tiny"], ["training.data_passes=999999"])
+
+
 def test_wsd_identity_names_its_decay_fraction() -> None:
     """decay_fraction's default moved from 0.2 to 0.1 (the reference's): a WSD run keeps it in its identity,
     so a state written under the old default is not resumed under the new one."""

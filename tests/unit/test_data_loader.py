@@ -92,6 +92,52 @@ def test_capacity_is_checked(counting_cache):
         TrainLoader(counting_cache, L, NUM_BLOCKS + 1, 0)
 
 
+def test_several_passes_repeat_the_unique_prefix_each_in_its_own_order(counting_cache):
+    """passes=3 over 150 blocks: the first 50 blocks three times; pass 1 in the single-pass order of 50."""
+    num_blocks, passes = 150, 3  # the cache holds only 61 blocks: capacity counts the unique ones
+    repeated = TrainLoader(counting_cache, L, num_blocks, 7, blocks_per_range=16, passes=passes)
+    assert repeated.unique_blocks == 50
+    blocks = read_all(repeated, [num_blocks])
+    single = read_all(TrainLoader(counting_cache, L, 50, 7, blocks_per_range=16), [50])
+    assert torch.equal(blocks[:50], single)
+    starts = [blocks[50 * p : 50 * (p + 1), 0].tolist() for p in range(passes)]
+    assert all(sorted(s) == [k * L for k in range(50)] for s in starts)  # each pass: every block once
+    assert starts[0] != starts[1] and starts[1] != starts[2]  # in a new order
+    uneven = read_all(TrainLoader(counting_cache, L, 101, 7, blocks_per_range=16, passes=2), [101])
+    assert torch.equal(
+        uneven[:51], read_all(TrainLoader(counting_cache, L, 51, 7, blocks_per_range=16), [51])
+    )
+    assert len(set(uneven[51:, 0].tolist())) == 50  # the last pass stops one block short
+    with pytest.raises(DataError, match=f"need {61 * L + L + 1} tokens"):
+        TrainLoader(counting_cache, L, 124, 0, passes=2)  # 62 unique blocks
+
+
+def test_resume_within_a_later_pass_and_refuse_other_passes(counting_cache):
+    def make(**kw):
+        return TrainLoader(counting_cache, L, 120, 7, blocks_per_range=16, passes=2, **kw)
+
+    reference = read_all(make(), [120])
+    for cursor in (0, 59, 60, 61, 77, 120):
+        first = make()
+        first.next_blocks(cursor)
+        state = first.state_dict()
+        first.close()
+        assert state["passes"] == 2
+        resumed = make(prefetch=cursor % 2 == 0)
+        resumed.load_state_dict(state)
+        assert torch.equal(read_all(resumed, [120 - cursor]), reference[cursor:])
+    one_pass = TrainLoader(counting_cache, L, 120 // 2, 7)
+    with pytest.raises(RunStateError, match="num_blocks"):
+        one_pass.load_state_dict(make().state_dict())
+    other = TrainLoader(counting_cache, L, 120, 7, passes=3)
+    with pytest.raises(RunStateError, match="passes was 2, now 3"):
+        other.load_state_dict(make().state_dict())
+    old = loader(counting_cache)
+    old.load_state_dict({k: v for k, v in old.state_dict().items() if k != "passes"})  # saved before passes
+    for item in (one_pass, other, old):
+        item.close()
+
+
 def test_validation_is_padded_and_counts_every_target_once(counting_cache):
     total = counting_cache.num_tokens("validation")  # 43 tokens = 42 targets = 5 full blocks + 2
     inputs, targets = (torch.cat(parts) for parts in zip(*iter_validation(counting_cache, L, 2), strict=True))

@@ -11,6 +11,7 @@ import pytest
 import torch
 from train_helpers import small_recipe
 
+from tiny_llm.budget import make_budget
 from tiny_llm.cli import main
 from tiny_llm.io import read_json
 from tiny_llm.runner import evaluate_checkpoint, run_training
@@ -131,6 +132,23 @@ def test_cache_too_small_is_a_user_error(
     code = main(["train", "--config", "tiny", *[a for s in sets for a in ("--set", s)]])
     assert code == 2
     assert "cache too small: need 659521 tokens" in capsys.readouterr().err
+
+
+def test_data_passes_repeat_the_cache_prefix_and_say_so(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    """207 blocks in 2 passes over 104 unique ones; 5 tokens per parameter in 20 passes fit a small cache."""
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "run", *SHORT, "training.data_passes=2")
+    assert run_training(recipe, quiet=True) == 0
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "data: 2 passes over 6656 unique tokens (training.data_passes)" in log
+    result = read_json(tmp_path / "run" / "result.json")
+    assert result["tokens"] == 207 * 64 and result["final_validation"]["loss"] > 0
+    long = ("training.tokens_per_parameter=5", "training.data_passes=20")  # 659,521 tokens in one pass
+    assert (
+        make_budget(small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "x", *long)).cache_tokens_needed
+        == 33_025
+    )
 
 
 def test_free_gpu_slots_are_claimed_once(tmp_path: Path) -> None:

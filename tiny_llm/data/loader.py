@@ -5,7 +5,9 @@ so adjacent blocks overlap by one token and every token after the first is a tar
 The loader reads a contiguous range of blocks (``buffer_size_mib``) into one buffer, views it as
 overlapping windows and visits its rows in a seeded permutation; the order of the ranges is seeded
 too, so ``seed`` alone fixes the sample order. The next range is read by a background thread. Resume
-needs only the block cursor: the order is recomputed and nothing is replayed.
+needs only the block cursor: the order is recomputed and nothing is replayed. With ``passes`` > 1 the
+loader visits the first ceil(num_blocks / passes) blocks that many times, each pass in its own seeded
+order (the first pass in the order a single pass would have); the last pass may stop early.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ class TrainLoader:
         buffer_size_mib: int = 64,
         prefetch: bool = True,
         blocks_per_range: int | None = None,
+        passes: int = 1,
     ) -> None:
-        """``blocks_per_range`` overrides the range size derived from ``buffer_size_mib`` (tests)."""
-        if context_length < 1 or num_blocks < 1 or buffer_size_mib < 1:
-            raise ValueError("context_length, num_blocks and buffer_size_mib must be positive")
-        cache.check_capacity(num_blocks * context_length + 1)
+        """``blocks_per_range`` overrides the range size derived from ``buffer_size_mib`` (tests);
+        ``passes`` (training.data_passes) repeats the first ceil(num_blocks / passes) blocks."""
+        if context_length < 1 or num_blocks < 1 or buffer_size_mib < 1 or not 1 <= passes <= num_blocks:
+            raise ValueError("context_length, num_blocks, buffer_size_mib and passes must be positive")
+        self.passes = passes
+        self.unique_blocks = -(-num_blocks // passes)
+        cache.check_capacity(self.unique_blocks * context_length + 1)
         self.cache = cache
         self.context_length = context_length
         self.num_blocks = num_blocks
@@ -56,23 +62,28 @@ class TrainLoader:
     def _plan(self, blocks_per_range: int) -> None:
         """Visiting order of the ranges and where each starts in the sample sequence."""
         self.blocks_per_range = blocks_per_range
-        num_ranges = math.ceil(self.num_blocks / blocks_per_range)
-        self._order = np.random.default_rng([_entropy(self.seed), _ORDER_STREAM]).permutation(num_ranges)
-        sizes = [self._range_size(r) for r in self._order]
+        num_ranges = math.ceil(self.unique_blocks / blocks_per_range)
+        self._order = [
+            (p, int(r))
+            for p in range(self.passes)
+            for r in np.random.default_rng(_pass_stream(self.seed, _ORDER_STREAM, p)).permutation(num_ranges)
+        ]
+        sizes = [self._range_size(r) for _, r in self._order]
         self._starts = np.cumsum([0, *sizes])
         self._current: tuple[int, np.ndarray, np.ndarray] | None = None
         self._pending: tuple[int, Future] | None = None
 
     def _range_size(self, range_index: int) -> int:
-        return min(self.blocks_per_range, self.num_blocks - range_index * self.blocks_per_range)
+        return min(self.blocks_per_range, self.unique_blocks - range_index * self.blocks_per_range)
 
     def _load(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """The range visited at ``position``: its overlapping-window view and its row permutation."""
-        index = int(self._order[position])
+        pass_index, index = self._order[position]
         first, size, L = index * self.blocks_per_range, self._range_size(index), self.context_length
         tokens = self.cache.read("train", first * L, (first + size) * L + 1)
         windows = np.lib.stride_tricks.sliding_window_view(tokens, L + 1)[::L]
-        rows = np.random.default_rng([_entropy(self.seed), _ROWS_STREAM, index]).permutation(size)
+        stream = _pass_stream(self.seed, _ROWS_STREAM, pass_index, index)
+        rows = np.random.default_rng(stream).permutation(size)
         return windows, rows
 
     def _range(self, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -122,12 +133,13 @@ class TrainLoader:
             "num_blocks": self.num_blocks,
             "context_length": self.context_length,
             "blocks_per_range": self.blocks_per_range,
+            "passes": self.passes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at ``state['cursor']``; the saved range size is kept so the order does not change."""
-        for key in ("seed", "num_blocks", "context_length"):
-            if state.get(key) != getattr(self, key):
+        for key in ("seed", "num_blocks", "context_length", "passes"):
+            if state.get(key, 1 if key == "passes" else None) != getattr(self, key):
                 raise RunStateError(
                     f"loader state differs: {key} was {state.get(key)!r}, now {getattr(self, key)!r}; "
                     "resume with the recipe the run started with"
@@ -161,6 +173,13 @@ class TrainLoader:
 def _entropy(seed: int) -> int:
     """numpy seeds must be non-negative; this keeps non-negative seeds as they are."""
     return seed % 2**64
+
+
+def _pass_stream(seed: int, stream: int, pass_index: int, *rest: int) -> list[int]:
+    """A numpy seed sequence of one stream; pass 0 keeps the single-pass sequence (and so its order)."""
+    if pass_index == 0:
+        return [_entropy(seed), stream, *rest]
+    return [_entropy(seed), stream, *rest, pass_index + 2**32]
 
 
 def validation_num_full_blocks(cache: TokenCache, context_length: int) -> int:

@@ -119,6 +119,7 @@ class Trainer:
             seed=self.recipe.runtime.seed,
             buffer_size_mib=self.recipe.data.buffer_size_mib,
             prefetch=self.recipe.data.prefetch,
+            passes=self.budget.data_passes,
         )
         if state is None:
             self.metrics.reset()
@@ -126,6 +127,9 @@ class Trainer:
                 (self.run_dir / name).unlink(missing_ok=True)
             b = self.budget
             self.log(f"start: {b.num_updates} updates, {b.tokens} tokens, {b.num_epochs} epochs")
+            if b.data_passes > 1:  # repeating data is a choice of the recipe: say so where the run starts
+                unique = b.unique_blocks * b.context_length
+                self.log(f"data: {b.data_passes} passes over {unique} unique tokens (training.data_passes)")
         else:
             self._restore(state)
             self.log(f"resumed from {resume_path} at step {self.progress.step}/{self.budget.num_updates}")
