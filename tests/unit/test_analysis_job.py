@@ -46,11 +46,8 @@ class TrainedRun:
     """The blocks of every update, as the training step received them."""
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_cache, tiny_recipe_args, tmp_path_factory) -> TrainedRun:
-    """The deterministic 3-epoch tiny run (28 updates of 16 blocks, epochs end short), every epoch saved."""
-    run_dir = tmp_path_factory.mktemp("analysis") / "run"
-    recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.checkpoint_policy=all")
+def train_recording(recipe) -> list[torch.Tensor]:
+    """Train ``recipe``; the blocks of every update, as the training step received them."""
     updates: list[torch.Tensor] = []
 
     def recording_engine(recipe, device):
@@ -65,7 +62,15 @@ def trained(tiny_cache, tiny_recipe_args, tmp_path_factory) -> TrainedRun:
         return engine
 
     assert loop.run_training(recipe, recording_engine, quiet=True) == 0
-    return TrainedRun(run_dir, recipe, updates)
+    return updates
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_cache, tiny_recipe_args, tmp_path_factory) -> TrainedRun:
+    """The deterministic 3-epoch tiny run (28 updates of 16 blocks, epochs end short), every epoch saved."""
+    run_dir = tmp_path_factory.mktemp("analysis") / "run"
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.checkpoint_policy=all")
+    return TrainedRun(run_dir, recipe, train_recording(recipe))
 
 
 def without_timing(row: dict) -> dict:
@@ -140,6 +145,25 @@ def test_unseen_blocks_are_whole_batches_training_never_used(trained: TrainedRun
     assert rows == expected  # a permutation of the blocks right after the budget
     used = {tuple(row.tolist()) for update in trained.updates for row in update}
     assert len(used) == budget.num_blocks and not rows & used
+
+
+def test_with_data_passes_seen_replays_training_and_unseen_follows_the_unique_blocks(
+    tiny_cache, tiny_recipe_args, tmp_path: Path
+) -> None:
+    """Three passes over 138 unique blocks: the 165-block first epoch runs into the second pass."""
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "run", "training.data_passes=3")
+    budget = make_budget(recipe)
+    assert budget.unique_blocks < budget.epoch_boundaries[0]
+    updates = train_recording(recipe)
+    cache = open_cache(recipe.data.cache_dir, verify=False)
+    seen = load_epoch(recipe, cache, "seen")
+    first_epoch = updates[: len(budget.epoch_updates(0))]
+    assert all(torch.equal(seen.batch_blocks(b), u) for b, u in zip(seen.batches, first_epoch, strict=True))
+    unseen = load_epoch(recipe, cache, "unseen")
+    assert unseen.first_block == budget.unique_blocks
+    used = {tuple(row.tolist()) for update in updates for row in update}
+    assert len(used) == budget.unique_blocks
+    assert not {tuple(row.tolist()) for row in unseen.blocks} & used
 
 
 def test_too_small_a_cache_for_the_unseen_case_is_a_clear_error(

@@ -1,9 +1,9 @@
 """The two data cases of an analysis: the blocks of one epoch, in training order, and its effective batches.
 
 ``seen``: the run's first epoch exactly as training visited it: the training loader over the budget's blocks,
-seeded with runtime.seed, range size as the run used it, each update's blocks taken in turn. ``unseen``: one
-epoch of blocks training never used (those after the budget's last block), as many whole effective batches
-as fit in the first epoch's blocks, visited by the same loader over that range.
+seeded with runtime.seed, range size and data passes as the run used them, each update's blocks in turn.
+``unseen``: one epoch of blocks training never used (those after the last block it reads), as many whole
+effective batches as fit in the first epoch's blocks, visited by the same loader over that range.
 
 An effective batch is what one gradient of training was computed on: an update's blocks, or for packed runs
 one worker's share of an update (rows w, w+N, w+2N, ... of the global batch).
@@ -133,6 +133,7 @@ def load_epoch(
         buffer_size_mib=recipe.data.buffer_size_mib,
         prefetch=False,
         blocks_per_range=blocks_per_range,
+        passes=budget.data_passes if case == "seen" else 1,
     )
     try:
         blocks = torch.cat([loader.next_blocks(n) for n in updates])
