@@ -52,6 +52,7 @@ include: "rules/tuning.smk"
 include: "rules/campaign.smk"
 include: "rules/packed.smk"
 include: "rules/export.smk"
+include: "rules/analysis.smk"
 
 
 rule all:
@@ -63,6 +64,7 @@ rule all:
         PLAN.default_targets("campaign"),
         PLAN.default_targets("packed"),
         PLAN.default_targets("export"),
+        PLAN.default_targets("analysis"),
 
 
 rule data:
@@ -93,6 +95,11 @@ rule packed:
 rule export:
     input:
         PLAN.targets("export"),
+
+
+rule analysis:
+    input:
+        PLAN.targets("analysis"),
 
 
 onstart:

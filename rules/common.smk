@@ -20,6 +20,7 @@ from tiny_llm.pipeline import (
     tuning_dir,
     write_plan_file,
 )
+from tiny_llm.pipeline.analysis import ANALYSIS_DIR
 from tiny_llm.pipeline.export import EXPORTS_DIR, EXPORTS_REPORT_DIR
 from tiny_llm.pipeline.export import PROMPTS_FILE as EXPORT_PROMPTS
 
@@ -141,3 +142,22 @@ def campaign_thread_flags(wildcards, threads) -> str:
 
 def export_ranking(wildcards) -> str:
     return PLAN.export.ranking(wildcards.size)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def analysed_run_result(wildcards) -> str:
+    return f"{PLAN.analysis.runs[wildcards.aname].run_dir}/result.json"
+
+
+def analysis_flags(wildcards) -> str:
+    return PLAN.analysis.flags(wildcards.case)
+
+
+def analysis_jobs(wildcards) -> list[str]:
+    return PLAN.analysis.jobs(wildcards.aname)
+
+
+def analysis_metrics(wildcards) -> str:
+    return f"{PLAN.analysis.runs[wildcards.aname].run_dir}/metrics.jsonl"

@@ -108,3 +108,46 @@ def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
     config["export"] = {"sampling": {"top_p": 2}}
     with pytest.raises(ConfigError, match="export.sampling: top_p must be in"):
         plan_of(config)
+
+
+def test_analysis_stage_plans_one_job_per_checkpoint_and_case() -> None:
+    from tiny_llm.analysis.names import cache_tokens_needed
+    from tiny_llm.budget import make_budget
+
+    config = shipped("workflow_config.yaml")
+    config["analysis"] = {"runs": ["demo-s"], "noise_samples": 4, "random_samples": 4}
+    plan = plan_of(config)
+    recipe = plan.run_recipes["demo-s"]
+    epochs = make_budget(recipe).num_epochs
+    assert recipe.training.checkpoint_policy == "all"  # an analysed run keeps every epoch's state
+    assert plan.files.content("results/runs/demo-s/recipe.yaml")["training"]["checkpoint_policy"] == "all"
+    jobs = plan.analysis.jobs("demo-s")
+    assert len(jobs) == 2 * epochs
+    assert jobs[:2] == [
+        "results/analysis/demo-s/s4-r4-seed42/epoch-001-seen/result.json",
+        "results/analysis/demo-s/s4-r4-seed42/epoch-001-unseen/result.json",
+    ]
+    assert plan.analysis.flags("unseen").startswith("--case unseen --noise-samples 4 --random-samples 4")
+    cache = plan.files.content("results/data/prepare.yaml")["data"]["prepare_train_tokens"]
+    assert cache >= cache_tokens_needed(recipe)  # the unseen epoch lies past the run's budget
+    assert plan.targets("analysis")[0] == "results/analysis/demo-s/s4-r4-seed42/summary.csv"
+
+
+@pytest.mark.parametrize(
+    ("analysis", "message"),
+    [
+        ({"runs": ["nope"]}, "analysis.runs: nope is not in runs: demo-s, demo-s-wsd"),
+        ({"runs": ["packed:nope"]}, "analysis.runs: packed:nope is not in packed"),
+        ({"runs": ["campaign:stage9/x"]}, "analysis.runs: campaign:stage9/x is not a run of the campaign"),
+        (
+            {"runs": ["campaign:stage1/" + "demo-s-lr0.003-wd0-s42"], "checkpoints": ["epoch-001"]},
+            "the run saves no epoch-001 (checkpoint_policy interval)",
+        ),
+    ],
+)
+def test_analysis_of_a_missing_run_or_checkpoint_is_refused_when_parsed(analysis: dict, message: str) -> None:
+    config = shipped("workflow_config.yaml")
+    config["analysis"] = analysis
+    with pytest.raises(ConfigError) as err:
+        plan_of(config)
+    assert message in str(err.value)

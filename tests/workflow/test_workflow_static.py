@@ -136,3 +136,23 @@ def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path)
     assert "select_run" not in counts and "bench_candidate" not in counts
     assert "stage1: 72 (24 configurations x 3 seeds) x 20m x 408,071,168 tokens -> 4.988 GPU-h" in proc.stdout
     assert "results/sweep-20m/stage1/20m-lr0.0056-wd0.1-beta2-0.98-s43/result.json" in proc.stdout
+
+
+def test_demo_campaign_trains_every_configuration_with_two_seeds(tmp_path: Path) -> None:
+    """The shipped demo: 6 -> 4 -> 2 configurations x 2 seeds (its losses and time: benchmarks/README.md)."""
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "campaign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert job_counts(proc.stdout)["train_campaign"] == 24
+    assert "stage1: 12 (6 configurations x 2 seeds) x demo-s" in proc.stdout
+    assert "stage3: 4 (2 configurations x 2 seeds) x demo-l" in proc.stdout
+    assert "results/campaign/stage2/demo-m-parent1-beta2-0.99-s43/result.json" in proc.stdout
+
+
+def test_analysis_stage_dry_runs_one_job_per_epoch_and_case(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "analysis")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["analyze_checkpoint"] >= 4 and counts["analyze_checkpoint"] % 2 == 0
+    assert counts["summarize_analysis"] == 1
+    command = "python -m tiny_llm analyze --run results/runs/demo-s --checkpoint epoch-001 --case seen"
+    assert command in proc.stdout

@@ -27,13 +27,21 @@ def packed_recipe(
 
 
 class PackedPlan:
-    def __init__(self, book: RecipeBook, section: dict[str, Any], files: PlanFiles) -> None:
+    def __init__(
+        self,
+        book: RecipeBook,
+        section: dict[str, Any],
+        files: PlanFiles,
+        extra: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``extra``: run -> recipe keys the workflow adds (e.g. the analysis keeps every epoch's state)."""
         self.section = section
         self.runs: dict[str, dict[str, Any]] = section["runs"]
         self.bench: dict[str, Any] | None = section.get("benchmark")
         self.recipes: dict[str, RecipeConfig] = {}
         for run, spec in self.runs.items():
-            recipe = packed_recipe(book, spec, spec["overrides"], f"packed.runs.{run}")
+            overrides = deep_merge(spec["overrides"], (extra or {}).get(run, {}))
+            recipe = packed_recipe(book, spec, overrides, f"packed.runs.{run}")
             self.recipes[run] = recipe
             data = recipe_to_dict(recipe)
             data["runtime"]["output_dir"] = f"{PACKED_DIR}/{run}"

@@ -13,8 +13,9 @@ from typing import Any
 
 from tiny_llm import campaign as campaign_lib
 from tiny_llm.budget import make_budget
-from tiny_llm.config import RecipeConfig, recipe_to_dict
+from tiny_llm.config import RecipeConfig, deep_merge, recipe_to_dict
 from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline.analysis import AnalysisPlan
 from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.export import EXPORTS_REPORT_DIR, ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
@@ -34,7 +35,7 @@ from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export")
+STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis")
 # Jobs that measure throughput: nothing else may run beside them (see WorkflowPlan.threads).
 TIMED_KINDS = ("tuning", "bench")
 
@@ -69,11 +70,18 @@ class WorkflowPlan:
             make_budget(self.book.size_recipe(size)).cache_tokens_needed for size in config["sizes"]
         ]
         self.book.check_one_cache()
+        self.analysis = AnalysisPlan(config["analysis"])
+        self._check_analysed_runs()
         self.run_recipes = {run: self._plain_run(run, spec) for run, spec in config["runs"].items()}
         self.tuning = TuningPlan(self.book, config["tuning"], self.files)
         self.campaign = self._campaign(check_files) if config["campaign"]["stages"] else None
-        self.packed = PackedPlan(self.book, config["packed"], self.files)
+        keep_epochs = {run: self.analysis.recipe_overrides() for run in self.analysis.references("packed")}
+        self.packed = PackedPlan(self.book, config["packed"], self.files, keep_epochs)
         self._need_cache(*self.packed.recipes.values())
+        for run in self.analysis.references("packed"):
+            self._cache_needs.append(self.analysis.add("packed", run, self.packed.recipes[run]))
+        for reference in self.analysis.references("campaign"):
+            self._cache_needs.append(self._analysed_campaign_run(reference))
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         if config["sizes"]:
             self.files.add(PREPARE_RECIPE, self._prepare_recipe())
@@ -81,9 +89,22 @@ class WorkflowPlan:
     def _need_cache(self, *recipes: RecipeConfig) -> None:
         self._cache_needs += [make_budget(recipe).cache_tokens_needed for recipe in recipes]
 
+    def _check_analysed_runs(self) -> None:
+        known = {"runs": self.config["runs"], "packed": self.config["packed"]["runs"]}
+        for kind, names in known.items():
+            for run in self.analysis.references(kind):
+                if run not in names:
+                    where = f"{kind}:{run}" if kind != "runs" else run
+                    raise ConfigError(f"analysis.runs: {where} is not in {kind}: {', '.join(names) or 'none'}")
+
     def _plain_run(self, run: str, spec: Mapping[str, Any]) -> RecipeConfig:
-        recipe = self.book.recipe(spec["size"], spec["overrides"], where=f"runs.{run}")
+        overrides = spec["overrides"]
+        if run in self.analysis.references("runs"):
+            overrides = deep_merge(overrides, self.analysis.recipe_overrides())
+        recipe = self.book.recipe(spec["size"], overrides, where=f"runs.{run}")
         self._need_cache(recipe)
+        if run in self.analysis.references("runs"):
+            self._cache_needs.append(self.analysis.add("runs", run, recipe))
         data = recipe_to_dict(recipe)
         data["runtime"]["output_dir"] = f"{RUNS_DIR}/{run}"
         self.files.add(job_recipe(RUNS_DIR, run), data)
@@ -97,6 +118,16 @@ class WorkflowPlan:
         if check_files:
             campaign_lib.precheck(campaign.config)
         return campaign
+
+    def _analysed_campaign_run(self, reference: str) -> int:
+        """A campaign run ``<stage>/<run>`` to analyse: its size's campaign recipe decides its checkpoints."""
+        campaign = self.campaign
+        stage, _, run = reference.partition("/")
+        if campaign is None or stage not in campaign.runs or run not in campaign.run_size:
+            raise ConfigError(f"analysis.runs: campaign:{reference} is not a run of the campaign (<stage>/<run>)")
+        size = campaign.size(run)
+        recipe = self.book.recipe(size, campaign.recipe_overrides(self.book, size), where=f"campaign ({size})")
+        return self.analysis.add("campaign", reference, recipe, run_dir=f"{campaign.root}/{reference}")
 
     def _prepare_recipe(self) -> dict[str, Any]:
         """The cache's recipe: the first size's settings, train tokens for the largest budget of any job."""
@@ -168,6 +199,10 @@ class WorkflowPlan:
             size = self.size_resources(self.tuning.size(wildcards.profile))
             minutes = self.tuning.candidate_runtime_minutes(wildcards.profile)
             return Resources(size.threads, size.mem_mb, minutes, size.gpu)
+        if kind == "analysis":
+            section, run = self.config["analysis"], self.analysis.runs[wildcards.aname]
+            gpu = int(run.recipe.runtime.device != "cpu")
+            return Resources(section["threads"], section["mem_mb"], section["runtime_minutes"], gpu)
         if kind == "bench":
             bench = self.packed.bench or {}
             gpu = int(self.book.uses_gpu(bench["size"]))
@@ -240,6 +275,8 @@ class WorkflowPlan:
             return self.packed.targets()
         if stage == "export":
             return self.export.targets()
+        if stage == "analysis":
+            return self.analysis.targets()
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
     def default_targets(self, stage: str) -> list[str]:
@@ -247,6 +284,7 @@ class WorkflowPlan:
         enabled = {"campaign": bool(self.campaign and self.campaign.enabled)}
         enabled["packed"] = self.config["packed"]["default_target"]
         enabled["export"] = self.config["export"]["default_target"]
+        enabled["analysis"] = self.config["analysis"]["default_target"]
         return self.targets(stage) if enabled.get(stage, True) else []
 
 
