@@ -13,11 +13,11 @@ pytestmark = pytest.mark.slow
 
 def test_tiny_run_is_analysed_at_every_epoch_on_both_cases(tmp_path: Path) -> None:
     config = tiny_config()
-    config["analysis"] = {"runs": ["tiny-a"], "noise_samples": 2, "random_samples": 2}
+    config["analysis"] = {"runs": ["tiny-a"], "noise_samples": 1, "random_samples": 1, "amp": True}
     path = write_config(tmp_path / "tiny.yaml", config)
-    proc = snakemake(tmp_path, path, "analysis", "--cores", "2", timeout=600)
+    proc = snakemake(tmp_path, path, "analysis", "--cores", "2", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    folder = tmp_path / "results" / "analysis" / "tiny-a" / "s2-r2-seed42"
+    folder = tmp_path / "results" / "analysis" / "tiny-a" / "s1-r1-seed42-amp"
     rows = list(csv.DictReader((folder / "summary.csv").open()))
     epochs = sorted(p.name for p in (tmp_path / "results" / "runs" / "tiny-a").glob("epoch-*.pt"))
     assert len(rows) == 2 * len(epochs) >= 4

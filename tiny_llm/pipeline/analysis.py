@@ -46,7 +46,9 @@ class AnalysisPlan:
     def _settings(self, case: str) -> AnalysisConfig:
         values = {key: self.section[key] for key in SETTING_KEYS}
         try:
-            return AnalysisConfig(case=case, directions_per_pass=self.section["directions_per_pass"], **values)
+            return AnalysisConfig(
+                case=case, directions_per_pass=self.section["directions_per_pass"], **values
+            )
         except ConfigError as exc:
             raise ConfigError(f"analysis: {exc}") from None
 
@@ -96,7 +98,9 @@ class AnalysisPlan:
     def jobs(self, name: str) -> list[str]:
         run = self.runs[name]
         cases = self.cases()
-        return [f"{self.folder(name)}/{ckpt}-{case}/result.json" for ckpt in run.checkpoints for case in cases]
+        return [
+            f"{self.folder(name)}/{ckpt}-{case}/result.json" for ckpt in run.checkpoints for case in cases
+        ]
 
     def flags(self, case: str) -> str:
         return " ".join(self.settings[case].flags())

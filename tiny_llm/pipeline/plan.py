@@ -95,7 +95,9 @@ class WorkflowPlan:
             for run in self.analysis.references(kind):
                 if run not in names:
                     where = f"{kind}:{run}" if kind != "runs" else run
-                    raise ConfigError(f"analysis.runs: {where} is not in {kind}: {', '.join(names) or 'none'}")
+                    raise ConfigError(
+                        f"analysis.runs: {where} is not in {kind}: {', '.join(names) or 'none'}"
+                    )
 
     def _plain_run(self, run: str, spec: Mapping[str, Any]) -> RecipeConfig:
         overrides = spec["overrides"]
@@ -124,9 +126,13 @@ class WorkflowPlan:
         campaign = self.campaign
         stage, _, run = reference.partition("/")
         if campaign is None or stage not in campaign.runs or run not in campaign.run_size:
-            raise ConfigError(f"analysis.runs: campaign:{reference} is not a run of the campaign (<stage>/<run>)")
+            raise ConfigError(
+                f"analysis.runs: campaign:{reference} is not a run of the campaign (<stage>/<run>)"
+            )
         size = campaign.size(run)
-        recipe = self.book.recipe(size, campaign.recipe_overrides(self.book, size), where=f"campaign ({size})")
+        recipe = self.book.recipe(
+            size, campaign.recipe_overrides(self.book, size), where=f"campaign ({size})"
+        )
         return self.analysis.add("campaign", reference, recipe, run_dir=f"{campaign.root}/{reference}")
 
     def _prepare_recipe(self) -> dict[str, Any]:
