@@ -1,7 +1,7 @@
 """The second-order analysis stage's part of the plan: which runs, checkpoints and data cases are analysed.
 
-Every (run, checkpoint, case) is one job, known when the workflow is parsed: a run's checkpoint names follow from
-its recipe (tiny_llm.analysis.names), and an analysed plain or packed run is made to save every epoch's state.
+Every (run, checkpoint, case) is one job, known when the workflow is parsed: a run's checkpoint names follow
+from its recipe (tiny_llm.analysis.names), and an analysed plain or packed run saves every epoch's state.
 """
 
 from __future__ import annotations
