@@ -17,12 +17,12 @@ wildcard_constraints:
 
 rule analyze_checkpoint:
     input:
-        result=analysed_run_result,
+        ready=analysed_run_ready,
         cache=ancient(PLAN.cache_dir),
     output:
         f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/{{checkpoint}}-{{case}}/result.json",
     params:
-        run_dir=input_parent,
+        source=analysed_run_source,
         flags=analysis_flags,
         outdir=output_parent,
     log:
@@ -33,7 +33,7 @@ rule analyze_checkpoint:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm analyze --run {params.run_dir} --checkpoint {wildcards.checkpoint} {params.flags} "
+        "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint} {params.flags} "
         "--threads {threads} --output {params.outdir} > {log} 2>&1"
 
 
@@ -71,4 +71,4 @@ rule summarize_analysis:
         "../envs/report.yaml"
     shell:
         "python -m tiny_llm analysis-summary --inputs {input} --output-dir {params.outdir} "
-        "--metrics {params.metrics} > {log} 2>&1"
+        "{params.metrics} > {log} 2>&1"

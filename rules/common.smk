@@ -147,8 +147,12 @@ def export_ranking(wildcards) -> str:
 # ----------------------------------------------------------------------------- analysis
 
 
-def analysed_run_result(wildcards) -> str:
-    return f"{PLAN.analysis.runs[wildcards.aname].run_dir}/result.json"
+def analysed_run_ready(wildcards) -> str:
+    return PLAN.analysis.runs[wildcards.aname].ready
+
+
+def analysed_run_source(wildcards) -> str:
+    return PLAN.analysis.runs[wildcards.aname].source
 
 
 def analysis_flags(wildcards) -> str:
@@ -160,4 +164,5 @@ def analysis_jobs(wildcards) -> list[str]:
 
 
 def analysis_metrics(wildcards) -> str:
-    return f"{PLAN.analysis.runs[wildcards.aname].run_dir}/metrics.jsonl"
+    run_dir = PLAN.analysis.runs[wildcards.aname].run_dir
+    return f"--metrics {run_dir}/metrics.jsonl" if run_dir else ""

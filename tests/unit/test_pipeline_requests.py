@@ -151,3 +151,18 @@ def test_analysis_of_a_missing_run_or_checkpoint_is_refused_when_parsed(analysis
     with pytest.raises(ConfigError) as err:
         plan_of(config)
     assert message in str(err.value)
+
+
+def test_the_best_run_of_a_campaign_size_is_analysed_once_ranked() -> None:
+    config = shipped("config/cluster.yaml")
+    plan = plan_of(config)
+    run = plan.analysis.runs["campaign-best-20m"]
+    assert run.source == "--best-of results/campaign/stage1/ranking.json"
+    assert run.ready == "results/campaign/stage1/ranking.json" and run.run_dir == ""
+    assert plan.analysis.jobs("campaign-best-20m") == [
+        "results/analysis/campaign-best-20m/s32-r32-seed42/final-seen/result.json",
+        "results/analysis/campaign-best-20m/s32-r32-seed42/final-unseen/result.json",
+    ]
+    config["analysis"]["runs"] = ["campaign:best-7b"]
+    with pytest.raises(ConfigError, match="campaign:best-7b: no campaign stage trains it"):
+        plan_of(config)

@@ -13,7 +13,14 @@ from tiny_llm.analysis.settings import AnalysisConfig, parse_noise_samples
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", required=True, type=Path, metavar="DIR", help="training run directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=Path, metavar="DIR", help="training run directory")
+    source.add_argument(
+        "--best-of",
+        type=Path,
+        metavar="RANKING",
+        help="a campaign stage's ranking.json: analyse its best run (the run directory beside the ranking)",
+    )
     parser.add_argument(
         "--checkpoint",
         required=True,
@@ -70,5 +77,10 @@ def run(args: argparse.Namespace) -> int:
     )
     from tiny_llm.analysis.job import result_line, run_analysis
 
-    print(result_line(run_analysis(args.run, args.checkpoint, args.output, settings)))
+    run_dir = args.run
+    if args.best_of is not None:
+        from tiny_llm.export.runs import best_run_dir
+
+        run_dir = best_run_dir(args.best_of)
+    print(result_line(run_analysis(run_dir, args.checkpoint, args.output, settings)))
     return 0

@@ -28,6 +28,18 @@ class AnalysedRun:
     run_dir: str
     recipe: RecipeConfig
     checkpoints: tuple[str, ...]
+    ranking: str | None = None
+    """For a campaign size's best run: the ranking.json that names it (the run is known once it is ranked)."""
+
+    @property
+    def source(self) -> str:
+        """The ``analyze`` option naming the run."""
+        return f"--best-of {self.ranking}" if self.ranking else f"--run {self.run_dir}"
+
+    @property
+    def ready(self) -> str:
+        """The file that exists once the run can be analysed."""
+        return self.ranking or f"{self.run_dir}/result.json"
 
 
 def parse_reference(reference: str) -> tuple[str, str]:
@@ -69,7 +81,14 @@ class AnalysisPlan:
         """What an analysed plain or packed run adds to its recipe: every epoch's state is kept."""
         return {"training": {"checkpoint_policy": "all"}}
 
-    def add(self, kind: str, run: str, recipe: RecipeConfig, run_dir: str | None = None) -> int:
+    def add(
+        self,
+        kind: str,
+        run: str,
+        recipe: RecipeConfig,
+        run_dir: str | None = None,
+        ranking: str | None = None,
+    ) -> int:
         """Register an analysed run; returns the train tokens its cache must hold (the unseen case reads past
         the budget)."""
         folder = {"runs": RUNS_DIR, "packed": PACKED_DIR}.get(kind, "")
@@ -83,8 +102,8 @@ class AnalysisPlan:
         checkpoints = tuple(wanted or saved_checkpoints(recipe))
         if not checkpoints:
             raise ConfigError(f"{where}: the run saves no checkpoint (checkpoint_policy none)")
-        run_dir = run_dir or f"{folder}/{run}"
-        self.runs[name] = AnalysedRun(name, run_dir, recipe, checkpoints)
+        run_dir = "" if ranking else (run_dir or f"{folder}/{run}")
+        self.runs[name] = AnalysedRun(name, run_dir, recipe, checkpoints, ranking)
         return cache_tokens_needed(recipe, tuple(self.cases()))
 
     # ------------------------------------------------------------------ paths

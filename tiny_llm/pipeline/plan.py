@@ -124,6 +124,8 @@ class WorkflowPlan:
     def _analysed_campaign_run(self, reference: str) -> int:
         """A campaign run ``<stage>/<run>`` to analyse: its size's campaign recipe decides its checkpoints."""
         campaign = self.campaign
+        if campaign is not None and reference.startswith("best-"):
+            return self._analysed_best_run(campaign, reference.removeprefix("best-"))
         stage, _, run = reference.partition("/")
         if campaign is None or stage not in campaign.runs or run not in campaign.run_size:
             raise ConfigError(
@@ -134,6 +136,17 @@ class WorkflowPlan:
             size, campaign.recipe_overrides(self.book, size), where=f"campaign ({size})"
         )
         return self.analysis.add("campaign", reference, recipe, run_dir=f"{campaign.root}/{reference}")
+
+    def _analysed_best_run(self, campaign: CampaignPlan, size: str) -> int:
+        """The best run of a campaign size (its last stage's ranking), found once that stage is ranked."""
+        stages = [i for i, stage in enumerate(campaign.config.stages) if stage.size == size]
+        if not stages:
+            sizes = ", ".join(campaign.config.sizes)
+            raise ConfigError(f"analysis.runs: campaign:best-{size}: no campaign stage trains it ({sizes})")
+        ranking = campaign.ranking(campaign.stage_names[stages[-1]])
+        overrides = campaign.recipe_overrides(self.book, size)
+        recipe = self.book.recipe(size, overrides, where=f"campaign ({size})")
+        return self.analysis.add("campaign", f"best-{size}", recipe, run_dir="", ranking=ranking)
 
     def _prepare_recipe(self) -> dict[str, Any]:
         """The cache's recipe: the first size's settings, train tokens for the largest budget of any job."""
