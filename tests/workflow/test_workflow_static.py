@@ -156,3 +156,17 @@ def test_analysis_stage_dry_runs_one_job_per_epoch_and_case(tmp_path: Path) -> N
     assert counts["summarize_analysis"] == 1
     command = "python -m tiny_llm analyze --run results/runs/demo-s --checkpoint epoch-001 --case seen"
     assert command in proc.stdout
+
+
+def test_timed_jobs_take_every_core_so_nothing_runs_beside_them(tmp_path: Path) -> None:
+    """Locally a tuning candidate or packed benchmark asks for all cores: the scheduler starts nothing beside
+    it, while a training job asks for its size's threads."""
+    targets = ("tuning", "packed", "runs")
+    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "--cores", "2", *targets)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    blocks = proc.stdout.split("\n\n")
+    timed = [b for b in blocks if "rule bench_candidate:" in b or "rule bench_packed:" in b]
+    training = [b for b in blocks if "rule train_run:" in b]
+    assert timed and training
+    assert all(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in timed)
+    assert not any(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in training)  # 1 is not printed
