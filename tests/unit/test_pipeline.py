@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tiny_llm.config import load_recipe, recipe_from_dict
+from tiny_llm.config import deep_merge, load_recipe, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline import PREPARE_RECIPE, build_plan, load_schema, write_plan_file
 from tiny_llm.pipeline.recipes import flatten, set_value
@@ -68,9 +68,9 @@ def test_run_recipe_file_is_the_cli_merge_of_preset_and_overrides() -> None:
     config = shipped("workflow_config.yaml")
     plan = plan_of(config)
     filled = plan.config
-    overrides = {"optimizer": {"lr_schedule": "wsd", "decay_fraction": 0.2}}
-    merged = copy.deepcopy(filled["recipe_defaults"])
-    merged.update(overrides)
+    overrides = filled["runs"]["demo-s-wsd"]["overrides"]
+    assert overrides["optimizer"]["lr_schedule"] == "wsd"
+    merged = deep_merge(copy.deepcopy(filled["recipe_defaults"]), overrides)
     sets = [f"{key}={set_value(value)}" for key, value in flatten(merged)]
     data = plan.book.data_overrides()
     sets += [f"{key}={set_value(value)}" for key, value in flatten(data)]
@@ -214,7 +214,7 @@ def test_campaign_runs_threads_and_stages() -> None:
     with pytest.raises(ConfigError, match="not a run of the campaign"):
         campaign.size("nope")
     demo = plan_of(shipped("workflow_config.yaml")).campaign
-    assert demo is not None and demo.thread_flags("demo-l-parent0", 1) == "--set runtime.cpu_threads=1"
+    assert demo is not None and demo.thread_flags("demo-l-parent0-s42", 1) == "--set runtime.cpu_threads=1"
 
 
 def test_tuning_profile_file_and_slots() -> None:
@@ -235,8 +235,9 @@ def test_tuning_profile_file_and_slots() -> None:
 def test_every_size_is_tuned_at_the_batch_its_campaign_trains_with(name: str) -> None:
     config = shipped(name)
     campaign = config["campaign"]
-    if name == "workflow_config.yaml":  # what the demo's comment offers: the cpu tuning for demo-s
+    if name == "workflow_config.yaml":  # the demo comment offers the cpu tuning for demo-s, at its batch
         campaign["tuning"] = {"demo-s": "cpu"}
+        del campaign["batch_tokens"]["demo-s"]
     plan = plan_of(config)
     for profile in config["tuning"]["profiles"]:  # gh200 and h200 tune 20m, as the campaign runs it
         spec = plan.files.content(f"results/{profile}-tuning/profile.yaml")
