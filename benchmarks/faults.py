@@ -12,7 +12,8 @@ faults, drawn in turn from a seeded shuffle of the kinds:
 - ``sigterm_controller`` / ``sigint_controller``: SIGTERM / SIGINT to the Snakemake controller alone;
 - ``kill_controller``: kill -9 of the controller (its jobs are orphaned and run on), then
   `snakemake --unlock`;
-- ``truncate_latest``: a random unfinished run's ``latest.pt`` cut to a random length (an idle run's first).
+- ``truncate_latest``: the ``latest.pt`` of a random interrupted run (unfinished, no trainer on it) cut to a
+  random length, during a session or between two.
 
 Then every run's final weights (sha256 of final.safetensors), result.json, metrics.jsonl and best.json, every
 stage ranking, the report's comparison.json and selected recipes are compared with the reference's: they
@@ -232,7 +233,7 @@ class FaultRun:
         return len(self.sessions) - 1
 
 
-def inject(kind: str, controller: subprocess.Popen, workdir: Path, rng: random.Random) -> str | None:
+def inject(kind: str, controller: subprocess.Popen | None, workdir: Path, rng: random.Random) -> str | None:
     """Inject one fault now; the target it hit, or None when there is nothing to hit yet."""
     if kind == "kill_job":
         running = trainers(workdir)
@@ -242,18 +243,17 @@ def inject(kind: str, controller: subprocess.Popen, workdir: Path, rng: random.R
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         return str(running[pid].relative_to(workdir))
-    if kind == "truncate_latest":
+    if kind == "truncate_latest":  # the state an interrupted run resumes from (a running one overwrites it)
         states = sorted(workdir.glob("results/campaign/stage*/*/latest.pt"))
-        unfinished = [p for p in states if not (p.parent / "result.json").exists()]
-        idle = [p for p in unfinished if is_idle(p.parent)]
-        pool = idle or unfinished
-        if not pool:
+        idle = [p for p in states if not (p.parent / "result.json").exists() and is_idle(p.parent)]
+        if not idle:
             return None
-        state = rng.choice(pool)
+        state = rng.choice(idle)
         with contextlib.suppress(FileNotFoundError):
-            size = state.stat().st_size
-            os.truncate(state, int(size * rng.uniform(0.0, 0.95)))
-        return f"{state.relative_to(workdir)} ({'idle' if idle else 'running'})"
+            fraction = rng.uniform(0.0, 0.95)
+            os.truncate(state, int(state.stat().st_size * fraction))
+            return f"{state.relative_to(workdir)} cut to {fraction:.0%}"
+        return None
     signum = {
         "sigterm_controller": signal.SIGTERM,
         "sigint_controller": signal.SIGINT,
@@ -276,33 +276,42 @@ def run_with_faults(
     plan = plan[:num_faults]
     record = FaultRun(seed)
     started = time.monotonic()
+
+    def next_kind() -> str | None:
+        return plan[len(record.faults)] if len(record.faults) < len(plan) else None
+
     while True:
         if len(record.sessions) > 3 * num_faults + 10:
             raise RuntimeError(f"seed {seed}: still not complete after {len(record.sessions)} sessions")
+        injected, killed = 0, False
+        if record.sessions and next_kind() == "truncate_latest":  # between two sessions: a state left behind
+            target = inject("truncate_latest", None, workdir, rng)
+            if target is not None:
+                record.faults.append(Fault("truncate_latest", len(record.sessions) + 1, 0.0, target))
+                injected += 1
         controller = start_controller(workdir, cores)
         session_start = time.monotonic()
         due = session_start + rng.uniform(*gap)
-        injected = 0
         while controller.poll() is None:
             now = time.monotonic()
-            if len(record.faults) < len(plan) and now >= due:
-                kind = plan[len(record.faults)]
+            kind = next_kind()
+            if kind is not None and now >= due:
                 target = inject(kind, controller, workdir, rng)
-                if target is None:  # nothing to hit yet (no trainer, no state): try again shortly
+                if target is None:  # nothing to hit yet (no trainer, no interrupted run): try again shortly,
+                    index = len(record.faults)  # a truncation after the next fault, which may interrupt one
+                    if kind == "truncate_latest" and index + 1 < len(plan):
+                        plan.insert(index + 1, plan.pop(index))
                     due = now + 0.5
                     continue
                 session = len(record.sessions) + 1
                 record.faults.append(Fault(kind, session, round(now - session_start, 2), target))
                 injected += 1
+                killed = killed or kind == "kill_controller"
                 due = now + rng.uniform(*gap)
             time.sleep(0.05)
         seconds = round(time.monotonic() - session_start, 1)
         record.sessions.append(Session(injected, controller.returncode, seconds))
-        if (
-            record.faults
-            and record.faults[-1].kind == "kill_controller"
-            and record.faults[-1].session == len(record.sessions)
-        ):
+        if killed:  # Snakemake's lock outlives a controller killed with -9
             record.unlocks += 1
             run_snakemake(workdir, cores, "campaign", "--unlock", log="controller.log")
         if controller.returncode == 0:  # complete (faults not injected by then are left out)
@@ -402,8 +411,8 @@ def run(
     workdir.mkdir(parents=True, exist_ok=True)
     base = prepare_base(workdir, shape, cores)
     expected, ref_seconds = reference(workdir, base, cores)
-    # faults spread over about twice the uninterrupted campaign's length
-    gap = gap or (2.0, max(3.0, 2 * ref_seconds / max(num_faults, 1)))
+    # the faults come while the campaign still runs: on average one per ~0.6 / num_faults of its length
+    gap = gap or (2.0, max(4.0, 1.2 * ref_seconds / max(num_faults, 1)))
     results = []
     for seed in seeds:
         target = fresh_copy(base, workdir / f"faults-seed{seed}")
