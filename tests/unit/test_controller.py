@@ -41,3 +41,10 @@ def test_closing_lines_name_the_failed_logs(tmp_path: Path, monkeypatch) -> None
     assert controller.closing_lines_on_error(None)[0].startswith("To go on, rerun the same command")
     monkeypatch.setattr(controller, "STOPPED_BY", [15])
     assert controller.closing_lines_on_error(str(log))[0].startswith("Stopped by SIGTERM")
+
+
+def test_sigint_to_the_controller_alone_also_stops_its_jobs() -> None:
+    script = SIGTERM_SCRIPT.replace("getpid(), signal.SIGTERM)", "getpid(), signal.SIGINT)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "interrupted -15"

@@ -12,7 +12,7 @@ STOPPED_BY: list[int] = []
 
 
 def interrupt_on_sigterm(forward_to_jobs: bool) -> None:
-    """Make SIGTERM act like Ctrl-C: stop scheduling, stop the running jobs, exit non-zero.
+    """Make SIGTERM (and SIGINT) act like Ctrl-C: stop scheduling, stop the running jobs, exit non-zero.
 
     Snakemake's own SIGTERM handler waits for every running job to finish (hours for a training job), and a
     controller started in the background by a script ignores SIGINT. Locally (``forward_to_jobs``) the jobs
@@ -27,6 +27,9 @@ def interrupt_on_sigterm(forward_to_jobs: bool) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    # SIGINT sent to the controller alone (`kill -INT`, or under nohup where it was ignored) reaches no job,
+    # unlike a terminal's Ctrl-C, which the whole process group gets: forward it the same way.
+    signal.signal(signal.SIGINT, handler)
 
 
 def signal_descendants(signum: int) -> None:
@@ -62,7 +65,8 @@ def closing_lines_on_error(snakemake_logs: str | list[str] | None) -> list[str]:
     """What the controller says when a run ends in failure or was stopped."""
     rerun = "rerun the same command: finished work is kept, interrupted runs resume from their saved state."
     if STOPPED_BY:
-        return [f"Stopped by SIGTERM; running jobs saved their state. To go on, {rerun}"]
+        name = signal.Signals(STOPPED_BY[0]).name
+        return [f"Stopped by {name}; running jobs saved their state. To go on, {rerun}"]
     failed = failed_job_logs_in(snakemake_logs) if snakemake_logs else []
     if not failed:
         return [f"To go on, {rerun}"]
