@@ -38,7 +38,9 @@ try:
         load_schema(f"{workflow.basedir}/schemas/workflow_config.schema.yaml"),
         sources=", ".join(map(str, workflow.configfiles)),
         numerics_version=NUMERICS_VERSION,
-        local_cores=workflow.cores if workflow.local_exec else None,
+        # a local run's cores, which a timed job takes all of (None on a cluster, where each job is its own
+        # allocation); asked when jobs are planned, since the executor is unknown while this file is parsed
+        local_cores=lambda: workflow.cores if workflow.local_exec else None,
     )
 except TinyLLMError as exc:
     sys.exit(f"error: {exc}")  # the message alone: a traceback adds nothing a user can act on

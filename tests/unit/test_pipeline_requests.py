@@ -103,7 +103,7 @@ def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
     config = shipped("workflow_config.yaml")
     config["export"] = {"campaign": False, "sampling": {"temperature": 0}, "default_target": False}
     quiet = plan_of(config)
-    assert [path.split("/")[-1] for path in quiet.export.directories()] == ["demo-s", "demo-s-wsd"]
+    assert [path.split("/")[-1] for path in quiet.export.directories()] == list(config["runs"])
     assert quiet.default_targets("export") == [] and quiet.targets("export")
     config["export"] = {"sampling": {"top_p": 2}}
     with pytest.raises(ConfigError, match="export.sampling: top_p must be in"):
@@ -136,7 +136,7 @@ def test_analysis_stage_plans_one_job_per_checkpoint_and_case() -> None:
 @pytest.mark.parametrize(
     ("analysis", "message"),
     [
-        ({"runs": ["nope"]}, "analysis.runs: nope is not in runs: demo-s, demo-s-wsd"),
+        ({"runs": ["nope"]}, "analysis.runs: nope is not in runs: demo-s, "),
         ({"runs": ["packed:nope"]}, "analysis.runs: packed:nope is not in packed"),
         ({"runs": ["campaign:stage9/x"]}, "analysis.runs: campaign:stage9/x is not a run of the campaign"),
         (

