@@ -11,31 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from pipeline_helpers import REPO, SCHEMA, plan_of, shipped, tiny
 
 from tiny_llm.config import deep_merge, load_recipe, recipe_from_dict
 from tiny_llm.errors import ConfigError
-from tiny_llm.pipeline import PREPARE_RECIPE, build_plan, load_schema, write_plan_file
+from tiny_llm.pipeline import PREPARE_RECIPE, write_plan_file
 from tiny_llm.pipeline.recipes import flatten, set_value
-
-REPO = Path(__file__).resolve().parents[2]
-SCHEMA = load_schema(REPO / "schemas/workflow_config.schema.yaml")
-
-
-def shipped(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text(encoding="utf-8"))
-
-
-def plan_of(config: dict, check_files: bool = False):
-    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, check_files=check_files)
-
-
-def tiny(**extra) -> dict:
-    config = {
-        "sizes": {"tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}},
-        "runs": {"a": {"size": "tiny"}},
-    }
-    config.update(extra)
-    return config
 
 
 @pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])

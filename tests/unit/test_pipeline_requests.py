@@ -8,30 +8,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
+from pipeline_helpers import REPO, SCHEMA, plan_of, shipped, tiny
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.pipeline import build_plan, load_schema
-
-REPO = Path(__file__).resolve().parents[2]
-SCHEMA = load_schema(REPO / "schemas/workflow_config.schema.yaml")
-
-
-def shipped(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text(encoding="utf-8"))
-
-
-def plan_of(config: dict):
-    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, check_files=False)
-
-
-def tiny(**extra) -> dict:
-    config = {
-        "sizes": {"tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10}},
-        "runs": {"a": {"size": "tiny"}},
-    }
-    config.update(extra)
-    return config
+from tiny_llm.pipeline import build_plan
 
 
 def test_numbers_as_people_write_them_are_numbers() -> None:

@@ -147,20 +147,22 @@ class AnalysisJob:
         for path in [*self.samples_dir.glob("*.json"), self.state_path, self.output / "result.json"]:
             path.unlink(missing_ok=True)
 
+    def header(self, epoch: AnalysisEpoch) -> dict[str, Any]:
+        """What manifest.json and result.json both say about the job: its identity, inputs and settings."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "identity": self.identity["identity"],
+            "run": str(self.run_dir),
+            "checkpoint": self.saved.record(),
+            "case": self.settings.case,
+            "data": epoch.metadata(),
+            "settings": dataclasses.asdict(self.settings),
+        }
+
     def write_manifest(self, epoch: AnalysisEpoch) -> None:
         atomic_write_json(
-            self.output / "manifest.json",
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "identity": self.identity["identity"],
-                "run": str(self.run_dir),
-                "checkpoint": self.saved.record(),
-                "case": self.settings.case,
-                "data": epoch.metadata(),
-                "settings": dataclasses.asdict(self.settings),
-                "identity_payload": self.identity,
-            },
+            self.output / "manifest.json", {**self.header(epoch), "identity_payload": self.identity}
         )
 
     def read_sample(self, kind: str, index: int) -> dict[str, Any] | None:
@@ -316,14 +318,7 @@ class AnalysisJob:
             full_gradient_norm=full_norm,
         )
         result = {
-            "format": FORMAT,
-            "version": VERSION,
-            "identity": self.identity["identity"],
-            "run": str(self.run_dir),
-            "checkpoint": self.saved.record(),
-            "case": self.settings.case,
-            "data": self.epoch.metadata(),
-            "settings": dataclasses.asdict(self.settings),
+            **self.header(self.epoch),
             "epoch_loss": mean["loss"],
             "statistics": statistics,
             "seconds": mean["seconds"] + math.fsum(r["seconds"] for r in rows),
