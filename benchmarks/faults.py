@@ -223,6 +223,8 @@ class Session:
 @dataclass
 class FaultRun:
     seed: int
+    planned_seconds: list[float] = field(default_factory=list)
+    """When each fault is due, in seconds of the campaign's running clock."""
     faults: list[Fault] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
     unlocks: int = 0
@@ -263,18 +265,32 @@ def inject(kind: str, controller: subprocess.Popen | None, workdir: Path, rng: r
     return f"controller {controller.pid}"
 
 
+def fault_times(rng: random.Random, num_faults: int, span: tuple[float, float]) -> list[float]:
+    """Seeded times on the campaign's running clock, one in each equal slice of ``span`` (seconds)."""
+    low, high = span
+    width = (high - low) / max(num_faults, 1)
+    return [round(low + width * (i + rng.random()), 2) for i in range(num_faults)]
+
+
 def run_with_faults(
-    workdir: Path, seed: int, num_faults: int, gap: tuple[float, float], cores: int, kinds: list[str]
+    workdir: Path, seed: int, num_faults: int, span: tuple[float, float], cores: int, kinds: list[str]
 ) -> FaultRun:
-    """The campaign with ``num_faults`` faults at seeded random times; rerun until it completes."""
+    """The campaign with ``num_faults`` faults at seeded random times; rerun until it completes.
+
+    The times count the seconds the campaign has run over all its sessions, not since the latest session
+    started: a fault that ends a session does not push the next one past the campaign's end, so every fault
+    whose time falls inside the uninterrupted campaign's length lands (a rerun redoes work: it runs longer).
+    """
     rng = random.Random(seed)
+    times = fault_times(rng, num_faults, span)
+    ran_before = 0.0  # seconds of the sessions before this one
     plan: list[str] = []
     while len(plan) < num_faults:
         batch = list(kinds)
         rng.shuffle(batch)
         plan += batch
     plan = plan[:num_faults]
-    record = FaultRun(seed)
+    record = FaultRun(seed, times)
     started = time.monotonic()
 
     def next_kind() -> str | None:
@@ -291,24 +307,25 @@ def run_with_faults(
                 injected += 1
         controller = start_controller(workdir, cores)
         session_start = time.monotonic()
-        due = session_start + rng.uniform(*gap)
+        retry_at = session_start
         while controller.poll() is None:
             now = time.monotonic()
             kind = next_kind()
-            if kind is not None and now >= due:
+            due = kind is not None and ran_before + now - session_start >= times[len(record.faults)]
+            if due and now >= retry_at:
                 target = inject(kind, controller, workdir, rng)
                 if target is None:  # nothing to hit yet (no trainer, no interrupted run): try again shortly,
                     index = len(record.faults)  # a truncation after the next fault, which may interrupt one
                     if kind == "truncate_latest" and index + 1 < len(plan):
                         plan.insert(index + 1, plan.pop(index))
-                    due = now + 0.5
+                    retry_at = now + 0.5
                     continue
                 session = len(record.sessions) + 1
                 record.faults.append(Fault(kind, session, round(now - session_start, 2), target))
                 injected += 1
                 killed = killed or kind == "kill_controller"
-                due = now + rng.uniform(*gap)
             time.sleep(0.05)
+        ran_before += time.monotonic() - session_start
         seconds = round(time.monotonic() - session_start, 1)
         record.sessions.append(Session(injected, controller.returncode, seconds))
         if killed:  # Snakemake's lock outlives a controller killed with -9
@@ -404,20 +421,20 @@ def run(
     num_faults: int,
     shape: str = "full",
     cores: int = 2,
-    gap: tuple[float, float] | None = None,
     kinds: list[str] | None = None,
 ) -> dict[str, Any]:
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     base = prepare_base(workdir, shape, cores)
     expected, ref_seconds = reference(workdir, base, cores)
-    # the faults come while the campaign still runs: on average one per ~0.6 / num_faults of its length
-    gap = gap or (2.0, max(4.0, 1.2 * ref_seconds / max(num_faults, 1)))
+    # every fault falls well inside the uninterrupted campaign's length (the clock stops between sessions,
+    # while the orphans of a killed controller may still finish work)
+    span = (0.1 * ref_seconds, 0.7 * ref_seconds)
     results = []
     for seed in seeds:
         target = fresh_copy(base, workdir / f"faults-seed{seed}")
         try:
-            record = run_with_faults(target, seed, num_faults, gap, cores, list(kinds or KINDS))
+            record = run_with_faults(target, seed, num_faults, span, cores, list(kinds or KINDS))
         finally:
             kill_leftovers(target)
         found = fingerprint(target)
@@ -433,6 +450,7 @@ def run(
                     1 for x in record.sessions if x.returncode != 0 and x.faults == 0
                 ),
                 "faults_injected": len(record.faults),
+                "faults_planned_at_seconds": record.planned_seconds,
                 "faults_by_kind": {k: sum(f.kind == k for f in record.faults) for k in KINDS},
                 "faults": [asdict(f) for f in record.faults],
                 "sessions": [asdict(x) for x in record.sessions],
@@ -445,7 +463,7 @@ def run(
         "shape": shape,
         "cores": cores,
         "reference_seconds": round(ref_seconds, 1),
-        "fault_gap_seconds": [round(g, 1) for g in gap],
+        "fault_span_seconds": [round(s, 1) for s in span],
         "seeds": results,
         "total_faults": sum(r["faults_injected"] for r in results),
         "total_reruns": sum(r["reruns"] for r in results),

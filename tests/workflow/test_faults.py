@@ -29,14 +29,16 @@ def load_benchmark() -> Any:
 def faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     workdir = tmp_path_factory.mktemp("faults")
     kinds = ["kill_job", "kill_controller", "truncate_latest"]
-    report = load_benchmark().run(workdir, [3], 3, shape="short", gap=(3.0, 12.0), kinds=kinds)
+    report = load_benchmark().run(workdir, [3], 3, shape="short", kinds=kinds)
     return report, workdir
 
 
 def test_faulted_campaign_equals_the_uninterrupted_one(faults: tuple[dict[str, Any], Path]) -> None:
     report, _ = faults
     (seed,) = report["seeds"]
-    assert seed["faults_injected"] >= 2, seed  # a third may fall after the campaign ended on a fast machine
+    # a cut latest.pt needs an interrupted run that had saved one: the other two always land
+    assert seed["faults_injected"] >= 2, seed
+    assert {"kill_job", "kill_controller"} <= {fault["kind"] for fault in seed["faults"]}, seed
     assert seed["reruns"] >= 1 and seed["runs_compared"] == 4
     assert seed["differences"] == [], json.dumps(seed, indent=1)
     assert report["total_differences"] == 0
