@@ -46,6 +46,12 @@ except TinyLLMError as exc:
     sys.exit(f"error: {exc}")  # the message alone: a traceback adds nothing a user can act on
 
 
+# A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job
+# then takes a free one); a CPU configuration announces no GPU. No --jobs means a local run (a cluster needs it).
+if PLAN.uses_gpu() and workflow.nodes is None and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", 1)
+
+
 include: "rules/common.smk"
 include: "rules/plan_files.smk"
 include: "rules/data.smk"

@@ -51,6 +51,27 @@ def test_cluster_config_streams_c4_without_building_a_corpus(tmp_path: Path) -> 
     assert recipe["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 
 
+def test_only_a_gpu_configuration_announces_gpus(tmp_path: Path) -> None:
+    """A local run of the GPU configuration runs one GPU job at a time unless told how many GPUs there are;
+    the CPU demo mentions no GPU at all."""
+    target = ("--cores", "1", "--forceall", "results/data/prepare.yaml")
+    cluster = REPO / "config" / "cluster.yaml"
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "cluster").mkdir()
+    announced = {
+        "demo": snakemake(tmp_path / "demo", REPO / "workflow_config.yaml", *target),
+        "cluster": snakemake(tmp_path / "cluster", cluster, *target),
+        "cluster, 4 GPUs": snakemake(tmp_path / "cluster", cluster, *target, "--resources", "gpu=4"),
+    }
+    lines = {}
+    for name, proc in announced.items():
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines[name] = [line for line in proc.stderr.splitlines() if line.startswith("Provided resources")]
+    assert lines["demo"] == [] and "gpu" not in announced["demo"].stderr.split("Job stats", 1)[0]
+    assert len(lines["cluster"]) == 1 and re.search(r"gpu\W+1\b", lines["cluster"][0]), lines
+    assert len(lines["cluster, 4 GPUs"]) == 1 and re.search(r"gpu\W+4\b", lines["cluster, 4 GPUs"][0]), lines
+
+
 def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
     """Parsing and planning stay torch-free (fast on a login node and in CI)."""
     code = (

@@ -201,6 +201,10 @@ class WorkflowPlan:
 
     # ------------------------------------------------------------------ resources
 
+    def uses_gpu(self) -> bool:
+        """Whether any size of this configuration trains on a GPU (the demo's do not)."""
+        return any(self.book.uses_gpu(size) for size in self.config["sizes"])
+
     def size_resources(self, size: str) -> Resources:
         spec = self.config["sizes"][size]
         gpu = int(self.book.uses_gpu(size))
