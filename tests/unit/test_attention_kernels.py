@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tiny_llm.config import load_recipe
 from tiny_llm.packed.engine import PackedEngine
-from tiny_llm.runtime.device import compile_loss, dispatched_attention_kernels
+from tiny_llm.runtime.device import compile_loss, dispatched_attention_kernels, quiet_profile
 
 CPU = torch.device("cpu")
 
@@ -54,3 +58,43 @@ def test_packed_engine_records_the_attention_kernel_its_update_runs(compile_flag
         assert executed == recorded
     else:  # on the CPU inductor generates the attention from the math decomposition: no other kernel ran
         assert set(executed) <= set(recorded)
+
+
+def test_the_kernel_probe_prints_nothing_of_its_own() -> None:
+    """The probe runs in every training job: nothing it prints may reach the job's console or log."""
+    code = (
+        "import torch\n"
+        "from tiny_llm.runtime.device import dispatched_attention_kernels\n"
+        "q = torch.randn(1, 2, 8, 16, requires_grad=True)\n"
+        "sdpa = torch.nn.functional.scaled_dot_product_attention\n"
+        "f = lambda: sdpa(q, q, q, is_causal=True).sum().backward()\n"
+        "print(dispatched_attention_kernels(f))\n"
+        "print(dispatched_attention_kernels(f))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and "flash" in lines[0] and lines[0] == lines[1]
+
+
+def test_the_profilers_one_cycle_warning_is_not_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch warns on CUDA that a profiler "clears events at the end of each cycle" (seen on an H200 in every
+    training log); the probe filters that warning and nothing else."""
+    from torch.profiler import profile
+
+    prepare = profile.prepare_trace
+
+    def warning_prepare(self) -> None:
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning, stacklevel=1)
+        prepare(self)
+
+    monkeypatch.setattr(profile, "prepare_trace", warning_prepare)
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatched_attention_kernels(lambda: attention(q).backward())
+        with pytest.raises(UserWarning, match="clears events"), profile():
+            pass
+        with pytest.raises(DeprecationWarning), quiet_profile(cuda=False):
+            warnings.warn("other warnings still show", DeprecationWarning, stacklevel=1)

@@ -177,6 +177,16 @@ def test_resumed_run_completes_with_evaluation_and_report(killed_and_resumed: Ki
     assert (work / "results" / "report" / "runs" / "learning-curves.png").stat().st_size > 1000
 
 
+def test_job_logs_hold_no_profiler_lines(killed_and_resumed: KilledAndResumed) -> None:
+    """The attention-kernel probe profiles an update of every training job: its profiler says nothing."""
+    logs = sorted((killed_and_resumed.workdir / "logs").rglob("*.log"))
+    logs += sorted((killed_and_resumed.workdir / "results" / "runs").rglob("run.log"))
+    assert any(log.name == f"{RUN}.log" for log in logs)
+    for log in logs:
+        text = log.read_text(encoding="utf-8", errors="replace")
+        assert "profiler_st" not in text and "Profiler clears events" not in text, log
+
+
 def test_rerun_after_success_has_nothing_to_do(killed_and_resumed: KilledAndResumed) -> None:
     state = killed_and_resumed
     proc = snakemake(state.workdir, state.config, "runs", "-n")

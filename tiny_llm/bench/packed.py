@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from tiny_llm.bench.worker import SyntheticBatches, total_memory_bytes
 from tiny_llm.budget import parameter_count
@@ -31,6 +31,7 @@ from tiny_llm.runtime.device import (
     compile_loss,
     compute_context,
     peak_memory_bytes,
+    quiet_profile,
     setup_runtime,
     synchronize,
     uses_compile,
@@ -165,9 +166,8 @@ def _region(name: str) -> Iterator[None]:
 
 def write_trace(runner, blocks: torch.Tensor, device: torch.device, step: int, path: Path) -> None:
     """One update under the profiler, with compute / clipping / mixing / optimizer regions."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize(device)
-    with profile(activities=activities) as prof:
+    with quiet_profile(device.type == "cuda") as prof:
         with _region("compute"):
             runner.compute(blocks)
         with _region("clipping"):

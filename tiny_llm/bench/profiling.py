@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from tiny_llm.io import atomic_write_text
-from tiny_llm.runtime.device import synchronize
+from tiny_llm.runtime.device import quiet_profile, synchronize
 
 REGIONS = ("data", "forward_and_loss", "backward", "clipping", "optimizer")
 TABLE_ROWS = 40
@@ -26,11 +26,9 @@ def profile_update(engine, get_blocks: Callable[[], torch.Tensor], lr: float) ->
     ``ModelEngine.train_step`` marks its own regions (data, forward_and_loss, backward, clipping,
     optimizer); the packed engine shows up as its operators inside one ``update`` region.
     """
-    activities = [ProfilerActivity.CPU]
-    if engine.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     synchronize(engine.device)
-    with profile(activities=activities, record_shapes=False) as prof, record_function("update"):
+    cuda = engine.device.type == "cuda"
+    with quiet_profile(cuda, record_shapes=False) as prof, record_function("update"):
         engine.train_step(get_blocks(), lr, 0)
         synchronize(engine.device)
     return prof

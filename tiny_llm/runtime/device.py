@@ -13,6 +13,7 @@ import functools
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -287,14 +288,29 @@ def sdpa_restriction(backend: str) -> contextlib.AbstractContextManager[None]:
     return sdpa_kernel([kernels[backend]])
 
 
-def dispatched_attention_kernels(run_forward_backward) -> list[str]:
-    """Names of the attention operators one profiled forward+backward actually ran."""
+@contextlib.contextmanager
+def quiet_profile(cuda: bool, **options: Any) -> Iterator[torch.profiler.profile]:
+    """``torch.profiler.profile`` (CPU, plus CUDA when ``cuda``) without the lines it prints on its own.
+
+    Kineto logs every start and stop to stderr (``USDT: ... SyncActivityProfilerHandler.cpp:52]
+    profiler_start``) at its highest level, 5, above its errors (4), so only level 6 silences it; it reads the
+    level when it first starts. And torch warns on CUDA that a profiler "clears events at the end of each
+    cycle", which says nothing about a one-cycle profile. Both would land in every training log. A
+    KINETO_LOG_LEVEL set by the user is kept.
+    """
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        with profile(activities=activities, **options) as prof:
+            yield prof
+
+
+def dispatched_attention_kernels(run_forward_backward) -> list[str]:
+    """Names of the attention operators one profiled forward+backward actually ran."""
+    with quiet_profile(torch.cuda.is_available()) as prof:
         run_forward_backward()
     keys = ("attention", "sdpa", "flash", "softmax", "fmha", "cudnn_attn")
     names = {e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)}
