@@ -7,7 +7,8 @@
 2. The same candidates again, alone (`--forcerun bench_candidate results/cpu-tuning/selected.yaml`).
 
 For every slot measured both times: tokens/s of each pass and their ratio; the goal is every ratio within 15%.
-The workdir keeps both passes' candidate files (`pass1/`, `pass2/`) for inspection.
+The workdir keeps both passes' candidate files (`pass1/`, `pass2/`) for inspection; `--compare-only` compares
+them again without running anything.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def measured(folder: Path) -> dict[str, float]:
     """Slot -> tokens/s of the candidates that were measured (not reused, not skipped)."""
     out = {}
     for path in sorted(folder.glob("*.json")):
+        if path.name.endswith(".worker.json"):  # the worker's own output beside the candidate's result
+            continue
         result = json.loads(path.read_text())
         if result.get("status") == "ok" and not result.get("reused_from"):
             out[path.stem] = float(result["tokens_per_second"])
@@ -47,7 +50,15 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (emptied first)")
+    parser.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="compare pass1/ and pass2/ of the workdir again, run nothing",
+    )
     args = parser.parse_args()
+    if args.compare_only:
+        print(json.dumps(compare(args.workdir, None, None), indent=2))
+        return
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     demo_seconds = snakemake(args.workdir)
@@ -55,21 +66,25 @@ def main() -> None:
     target = "results/cpu-tuning/selected.yaml"
     alone_seconds = snakemake(args.workdir, "--forcerun", "bench_candidate", target)
     shutil.copytree(args.workdir / CANDIDATES, args.workdir / "pass2")
-    first, second = measured(args.workdir / "pass1"), measured(args.workdir / "pass2")
+    print(json.dumps(compare(args.workdir, demo_seconds, alone_seconds), indent=2))
+
+
+def compare(workdir: Path, demo_seconds: float | None, alone_seconds: float | None) -> dict:
+    """Per slot measured in both passes: tokens/s of each and their ratio (alone over in the demo)."""
+    first, second = measured(workdir / "pass1"), measured(workdir / "pass2")
     slots = sorted(set(first) & set(second))
     ratios = {slot: round(second[slot] / first[slot], 3) for slot in slots}
     worst = max((abs(r - 1.0) for r in ratios.values()), default=None)
-    report = {
+    return {
         "benchmark": "tuning candidates in the full demo vs alone",
-        "demo_seconds": round(demo_seconds, 1),
-        "tuning_alone_seconds": round(alone_seconds, 1),
+        "demo_seconds": None if demo_seconds is None else round(demo_seconds, 1),
+        "tuning_alone_seconds": None if alone_seconds is None else round(alone_seconds, 1),
         "tokens_per_second_in_demo": {slot: round(first[slot]) for slot in slots},
         "tokens_per_second_alone": {slot: round(second[slot]) for slot in slots},
         "ratio_alone_over_demo": ratios,
         "worst_deviation": None if worst is None else round(worst, 3),
         "within_15_percent": worst is not None and worst <= 0.15,
     }
-    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
