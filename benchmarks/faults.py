@@ -126,32 +126,23 @@ def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
     return [*cmd, "--cores", str(cores), *args]
 
 
+def _process_options(workdir: Path, out: Any) -> dict[str, Any]:
+    """How every snakemake process here runs: in the workdir, output appended to a log, no stdin."""
+    streams = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+    return {"cwd": workdir, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, **streams}
+
+
 def run_snakemake(workdir: Path, cores: int, *args: str, log: str, timeout: float = 1800) -> int:
     with open(workdir / log, "a") as out:
-        proc = subprocess.run(
-            snakemake_command(workdir, cores, *args),
-            cwd=workdir,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    return proc.returncode
+        command = snakemake_command(workdir, cores, *args)
+        return subprocess.run(command, timeout=timeout, **_process_options(workdir, out)).returncode
 
 
 def start_controller(workdir: Path, cores: int) -> subprocess.Popen:
     """The campaign in its own session, so only the signals sent here reach it."""
     out = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        snakemake_command(workdir, cores, "campaign"),
-        cwd=workdir,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    command = snakemake_command(workdir, cores, "campaign")
+    return subprocess.Popen(command, start_new_session=True, **_process_options(workdir, out))
 
 
 def trainers(workdir: Path) -> dict[int, Path]:
@@ -325,9 +316,9 @@ def run_with_faults(
                 injected += 1
                 killed = killed or kind == "kill_controller"
             time.sleep(0.05)
-        ran_before += time.monotonic() - session_start
-        seconds = round(time.monotonic() - session_start, 1)
-        record.sessions.append(Session(injected, controller.returncode, seconds))
+        elapsed = time.monotonic() - session_start
+        ran_before += elapsed
+        record.sessions.append(Session(injected, controller.returncode, round(elapsed, 1)))
         if killed:  # Snakemake's lock outlives a controller killed with -9
             record.unlocks += 1
             run_snakemake(workdir, cores, "campaign", "--unlock", log="controller.log")

@@ -57,6 +57,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.compare_only:
+        if not all((args.workdir / name).is_dir() for name in ("pass1", "pass2")):
+            sys.exit(f"error: {args.workdir} holds no pass1/ and pass2/; run without --compare-only first")
         print(json.dumps(compare(args.workdir, None, None), indent=2))
         return
     shutil.rmtree(args.workdir, ignore_errors=True)

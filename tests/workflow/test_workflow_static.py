@@ -16,6 +16,11 @@ def job_counts(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
 
 
+def provided_resources(log: str) -> list[str]:
+    """Snakemake's announcement of the global resources a run provides (none: no line)."""
+    return [line for line in log.splitlines() if line.startswith("Provided resources")]
+
+
 def test_lint_is_clean(tmp_path: Path) -> None:
     proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "--lint")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -41,35 +46,33 @@ def test_cluster_config_streams_c4_without_building_a_corpus(tmp_path: Path) -> 
     assert "build_corpus" not in counts and "train_tokenizer" not in counts
     assert counts["prepare_cache"] == 1
     assert "python -m tiny_llm prepare --config results/data/prepare.yaml" in proc.stdout
-    # The 20m run needs the GPU resource; the training rules carry it, the profile decides how many.
+    # The 20m run needs the GPU resource; the training rules carry it, the run says how many there are.
     assert re.search(r"rule train_run:(.|\n)*?resources:.*gpu=1", proc.stdout)
     # the cache's recipe (a plain file, written without torch) streams the pinned C4 revision
     proc = snakemake(tmp_path, REPO / "config" / "cluster.yaml", "--cores", "1", "results/data/prepare.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # a local run of a GPU configuration runs one GPU job at a time when not told how many GPUs there are
+    (announced,) = provided_resources(proc.stderr)
+    assert re.search(r"gpu\W+1\b", announced), announced
     recipe = _load_yaml(tmp_path / "results/data/prepare.yaml")
     assert recipe["data"]["dataset"] == "allenai/c4"
     assert recipe["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 
 
 def test_only_a_gpu_configuration_announces_gpus(tmp_path: Path) -> None:
-    """A local run of the GPU configuration runs one GPU job at a time unless told how many GPUs there are;
-    the CPU demo mentions no GPU at all."""
-    target = ("--cores", "1", "--forceall", "results/data/prepare.yaml")
-    cluster = REPO / "config" / "cluster.yaml"
+    """The CPU demo mentions no GPU at all; `--resources gpu=N` sets how many GPU jobs a local run runs at
+    once (one without it: test_cluster_config_streams_c4_without_building_a_corpus)."""
+    target = ("--cores", "1", "results/data/prepare.yaml")
     (tmp_path / "demo").mkdir()
     (tmp_path / "cluster").mkdir()
-    announced = {
-        "demo": snakemake(tmp_path / "demo", REPO / "workflow_config.yaml", *target),
-        "cluster": snakemake(tmp_path / "cluster", cluster, *target),
-        "cluster, 4 GPUs": snakemake(tmp_path / "cluster", cluster, *target, "--resources", "gpu=4"),
-    }
-    lines = {}
-    for name, proc in announced.items():
+    demo = snakemake(tmp_path / "demo", REPO / "workflow_config.yaml", *target)
+    cluster_config = REPO / "config" / "cluster.yaml"
+    cluster = snakemake(tmp_path / "cluster", cluster_config, *target, "--resources", "gpu=4")
+    for proc in (demo, cluster):
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        lines[name] = [line for line in proc.stderr.splitlines() if line.startswith("Provided resources")]
-    assert lines["demo"] == [] and "gpu" not in announced["demo"].stderr.split("Job stats", 1)[0]
-    assert len(lines["cluster"]) == 1 and re.search(r"gpu\W+1\b", lines["cluster"][0]), lines
-    assert len(lines["cluster, 4 GPUs"]) == 1 and re.search(r"gpu\W+4\b", lines["cluster, 4 GPUs"][0]), lines
+    assert provided_resources(demo.stderr) == [] and "gpu" not in demo.stderr.split("Job stats", 1)[0]
+    (announced,) = provided_resources(cluster.stderr)
+    assert re.search(r"gpu\W+4\b", announced), announced
 
 
 def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
