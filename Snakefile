@@ -7,7 +7,7 @@ import sys
 from snakemake.utils import min_version
 
 from tiny_llm.errors import TinyLLMError
-from tiny_llm.pipeline import build_plan, load_schema
+from tiny_llm.pipeline import STAGES, build_plan, load_schema
 from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm
 
 min_version("9.0")
@@ -66,13 +66,7 @@ include: "rules/analysis.smk"
 rule all:
     default_target: True
     input:
-        PLAN.default_targets("data"),
-        PLAN.default_targets("runs"),
-        PLAN.default_targets("tuning"),
-        PLAN.default_targets("campaign"),
-        PLAN.default_targets("packed"),
-        PLAN.default_targets("export"),
-        PLAN.default_targets("analysis"),
+        [PLAN.default_targets(stage) for stage in STAGES],
 
 
 rule data:

@@ -2,38 +2,41 @@
 # Every (run, checkpoint, data case) is one job, so a cluster runs them side by side and a rerun skips finished
 # ones; a killed job resumes at its next sample (its samples/ and state live beside result.json).
 #
-# results/analysis/<run>/<settings>/<checkpoint>-<case>/result.json   statistics of one job (manifest.json beside)
-# results/analysis/<run>/<settings>/{summary.csv, manifest.json, alignment.png, noise-alignment.png, norms.png}
+# results/analysis/<analysed_run>/<settings_tag>/<checkpoint_name>-<case>/result.json   statistics of one job
+#                                                              (manifest.json beside)
+# results/analysis/<analysed_run>/<settings_tag>/{summary.csv, manifest.json, alignment.png, noise-alignment.png,
+#                                                norms.png}
 #
-# <settings> names the measured settings (s32-r32-seed42, ...): other settings go to a new directory.
+# <settings_tag> names the measured settings (s32-r32-seed42, ...): other settings go to a new directory;
+# <checkpoint_name> is a saved state of the run (epoch-003, final). Paths: tiny_llm/pipeline/layout.py.
 
 
 wildcard_constraints:
-    aname=PLAN.analysis.name_pattern(),
-    atag=r"[A-Za-z0-9_-]+",
-    checkpoint=r"epoch-[0-9][0-9][0-9]+|final",
+    analysed_run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    settings_tag=r"[A-Za-z0-9_-]+",
+    checkpoint_name=r"epoch-[0-9][0-9][0-9]+|final",
     case=r"seen|unseen",
 
 
 rule analyze_checkpoint:
     input:
         ready=analysed_run_ready,
-        cache=ancient(PLAN.cache_dir),
+        cache=ancient(PLAN.data.cache_dir),
     output:
-        f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/{{checkpoint}}-{{case}}/result.json",
+        ANALYSIS_JOB,
     params:
         source=analysed_run_source,
         flags=analysis_flags,
         outdir=output_parent,
     log:
-        "logs/analyze_checkpoint/{aname}/{atag}/{checkpoint}-{case}.log",
+        "logs/analyze_checkpoint/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}.log",
     threads: PLAN.threads("analysis")
     resources:
         **PLAN.resources("analysis"),
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint} {params.flags} "
+        "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint_name} {params.flags} "
         "--threads {threads} --output {params.outdir} > {log} 2>&1"
 
 
@@ -41,31 +44,31 @@ rule summarize_analysis:
     input:
         analysis_jobs,
     output:
-        summary=f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/summary.csv",
-        manifest=f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/manifest.json",
+        summary=ANALYSIS_SUMMARY,
+        manifest=ANALYSIS_MANIFEST,
         alignment=report(
-            f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/alignment.png",
+            ANALYSIS_ALIGNMENT,
             caption="../report/analysis-alignment.rst",
             category="Second-order analysis",
-            subcategory="{aname}",
+            subcategory="{analysed_run}",
         ),
         noise=report(
-            f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/noise-alignment.png",
+            ANALYSIS_NOISE,
             caption="../report/analysis-noise.rst",
             category="Second-order analysis",
-            subcategory="{aname}",
+            subcategory="{analysed_run}",
         ),
         norms=report(
-            f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/norms.png",
+            ANALYSIS_NORMS,
             caption="../report/analysis-norms.rst",
             category="Second-order analysis",
-            subcategory="{aname}",
+            subcategory="{analysed_run}",
         ),
     params:
         outdir=output_parent,
         metrics=analysis_metrics,
     log:
-        "logs/summarize_analysis/{aname}/{atag}.log",
+        "logs/summarize_analysis/{analysed_run}/{settings_tag}.log",
     localrule: True
     conda:
         "../envs/report.yaml"

@@ -9,20 +9,44 @@ import sys
 from pathlib import Path
 
 from tiny_llm.errors import TinyLLMError
-from tiny_llm.pipeline import (
+from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline.layout import (
+    ANALYSIS_ALIGNMENT,
+    ANALYSIS_JOB,
+    ANALYSIS_MANIFEST,
+    ANALYSIS_NOISE,
+    ANALYSIS_NORMS,
+    ANALYSIS_SUMMARY,
     CORPUS_DIR,
-    PACKED_BENCH_DIR,
-    PACKED_DIR,
-    PACKED_REPORT_DIR,
-    RUNS_DIR,
-    RUNS_REPORT_DIR,
+    EXPORT_BEST,
+    EXPORT_PROMPTS,
+    EXPORT_RUN,
+    EXPORTS_JSON,
+    EXPORTS_MODELS,
+    EXPORTS_SAMPLES,
+    EXPORTS_TABLE,
+    PACKED_BENCH_PLOT,
+    PACKED_BENCH_RECIPE,
+    PACKED_BENCH_RESULT,
+    PACKED_BENCH_SUMMARY,
+    PACKED_RECIPE,
+    PACKED_REPORT,
+    PACKED_RESULT,
+    RUN_EVALUATION,
+    RUN_RECIPE,
+    RUN_RESULT,
+    RUNS_REPORT,
     TOKENIZER_DIR,
-    tuning_dir,
-    write_plan_file,
+    TUNING_CANDIDATE,
+    TUNING_PLAN,
+    TUNING_PLOT,
+    TUNING_SELECTED,
+    TUNING_SUMMARY,
 )
-from tiny_llm.pipeline.analysis import ANALYSIS_DIR
-from tiny_llm.pipeline.export import EXPORTS_DIR, EXPORTS_REPORT_DIR
-from tiny_llm.pipeline.export import PROMPTS_FILE as EXPORT_PROMPTS
+
+# The campaign's files: the layout's patterns with the configured campaign directory filled in.
+CAMPAIGN_ROOT = PLAN.campaign.root
+CAMPAIGN_FILES = PLAN.campaign.paths
 
 
 wildcard_constraints:
@@ -60,23 +84,18 @@ def runs_root(wildcards, input) -> str:
     return str(Path(input[0]).parents[1])
 
 
-
 # ----------------------------------------------------------------------------- data
 
 
 def prepare_inputs(wildcards) -> dict:
-    return {**PLAN.prepare_inputs(), "recipe": ancient(PLAN.prepare_recipe())}
-
-
-def prepare_runtime(wildcards, attempt) -> int:
-    return PLAN.prepare_runtime_minutes() * attempt
+    return {**PLAN.data.prepare_inputs(), "recipe": ancient(PLAN.data.prepare_recipe())}
 
 
 # ----------------------------------------------------------------------------- plain runs
 
 
 def run_evaluate_flags(wildcards) -> str:
-    return PLAN.run_evaluate_flags(wildcards.run)
+    return or_exit(PLAN.runs.evaluate_flags, wildcards.run)
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -91,7 +110,7 @@ def candidate_inputs(wildcards) -> dict:
 
 
 def tuning_results(wildcards) -> str:
-    return tuning_dir(wildcards.profile)
+    return PLAN.tuning.results_dir(wildcards.profile)
 
 
 def tuning_plan(wildcards) -> str:
@@ -106,7 +125,7 @@ def all_candidates(wildcards) -> list[str]:
 
 
 def campaign_plan_inputs(wildcards) -> dict:
-    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.cache_dir)}
+    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.data.cache_dir)}
 
 
 def campaign_stage_number(wildcards) -> int:
@@ -141,18 +160,18 @@ def campaign_thread_flags(wildcards, threads) -> str:
 
 
 def export_ranking(wildcards) -> str:
-    return PLAN.export.ranking(wildcards.size)
+    return or_exit(PLAN.export.ranking, wildcards.size)
 
 
 # ----------------------------------------------------------------------------- analysis
 
 
 def analysed_run_ready(wildcards) -> str:
-    return PLAN.analysis.runs[wildcards.aname].ready
+    return or_exit(PLAN.analysis.run, wildcards.analysed_run).ready
 
 
 def analysed_run_source(wildcards) -> str:
-    return PLAN.analysis.runs[wildcards.aname].source
+    return PLAN.analysis.run(wildcards.analysed_run).source
 
 
 def analysis_flags(wildcards) -> str:
@@ -160,9 +179,8 @@ def analysis_flags(wildcards) -> str:
 
 
 def analysis_jobs(wildcards) -> list[str]:
-    return PLAN.analysis.jobs(wildcards.aname)
+    return or_exit(PLAN.analysis.jobs, wildcards.analysed_run)
 
 
 def analysis_metrics(wildcards) -> str:
-    run_dir = PLAN.analysis.runs[wildcards.aname].run_dir
-    return f"--metrics {run_dir}/metrics.jsonl" if run_dir else ""
+    return PLAN.analysis.run(wildcards.analysed_run).metrics_flag

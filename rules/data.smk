@@ -23,7 +23,7 @@ rule train_tokenizer:
     output:
         directory(TOKENIZER_DIR),
     params:
-        vocab_size=PLAN.tokenizer_vocab_size() if config["data"]["tokenizer"] == "train" else 0,
+        vocab_size=PLAN.data.tokenizer_vocab_size(),
     log:
         "logs/train_tokenizer/tokenizer.log",
     conda:
@@ -37,15 +37,14 @@ rule prepare_cache:
     input:
         unpack(prepare_inputs),
     output:
-        directory(PLAN.cache_dir),
+        directory(PLAN.data.cache_dir),
     params:
         plan_files=plan_file_digest,
     log:
         "logs/prepare_cache/cache.log",
-    threads: 2
+    threads: PLAN.threads("data")
     resources:
-        mem_mb=8000,
-        runtime=prepare_runtime,
+        **PLAN.resources("data"),
     conda:
         "../envs/torch.yaml"
     shell:

@@ -6,26 +6,29 @@
 # results/exports/<run>/                           every plain run's final weights
 # results/exports/best-<size>/                     the best campaign run of each size (its last stage's ranking)
 # results/report/exports/{models,samples}.html     exported models with their losses, and their continuations
+# (paths: tiny_llm/pipeline/layout.py)
+
+
+# An export directory's name could also be a run's: results/exports/prompts.yaml is a plan file, best-<size> the
+# best campaign run of a size.
+ruleorder: write_plan_file > export_best > export_run
 
 
 rule export_run:
     input:
-        result=f"{RUNS_DIR}/{{run}}/result.json",
+        result=RUN_RESULT,
         prompts=ancient(EXPORT_PROMPTS),
     output:
-        directory(f"{EXPORTS_DIR}/{{run}}"),
+        directory(EXPORT_RUN),
     params:
         run_dir=input_parent,
         plan_files=plan_file_digest,
         dtype=config["export"]["dtype"],
     log:
         "logs/export_run/{run}.log",
-    wildcard_constraints:
-        run=PLAN.export.run_pattern(),
-    threads: 2
+    threads: PLAN.threads("export")
     resources:
-        mem_mb=8000,
-        runtime=30,
+        **PLAN.resources("export"),
     conda:
         "../envs/torch.yaml"
     shell:
@@ -38,18 +41,15 @@ rule export_best:
         ranking=export_ranking,
         prompts=ancient(EXPORT_PROMPTS),
     output:
-        directory(f"{EXPORTS_DIR}/best-{{size}}"),
+        directory(EXPORT_BEST),
     params:
         plan_files=plan_file_digest,
         dtype=config["export"]["dtype"],
     log:
         "logs/export_best/{size}.log",
-    wildcard_constraints:
-        size=PLAN.export.size_pattern(),
-    threads: 2
+    threads: PLAN.threads("export")
     resources:
-        mem_mb=8000,
-        runtime=30,
+        **PLAN.resources("export"),
     conda:
         "../envs/torch.yaml"
     shell:
@@ -62,17 +62,17 @@ rule report_exports:
         PLAN.export.directories(),
     output:
         models=report(
-            f"{EXPORTS_REPORT_DIR}/models.html",
+            EXPORTS_MODELS,
             caption="../report/exports-models.rst",
             category="Exported models",
         ),
         samples=report(
-            f"{EXPORTS_REPORT_DIR}/samples.html",
+            EXPORTS_SAMPLES,
             caption="../report/exports-samples.rst",
             category="Exported models",
         ),
-        table=f"{EXPORTS_REPORT_DIR}/exports.md",
-        json=f"{EXPORTS_REPORT_DIR}/exports.json",
+        table=EXPORTS_TABLE,
+        json=EXPORTS_JSON,
     params:
         outdir=output_parent,
     log:

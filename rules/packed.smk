@@ -9,6 +9,7 @@
 # results/report/packed/{report.md, comparison.json, learning-curves.png}   table and curves of the packed runs
 #
 # A packed recipe = the size's preset <- the packed preset <- recipe_defaults, size and run overrides <- data.
+# (paths: tiny_llm/pipeline/layout.py)
 
 
 wildcard_constraints:
@@ -20,10 +21,10 @@ wildcard_constraints:
 
 rule train_packed:
     input:
-        recipe=ancient(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
-        cache=PLAN.cache_dir,
+        recipe=ancient(PACKED_RECIPE),
+        cache=PLAN.data.cache_dir,
     output:
-        f"{PACKED_DIR}/{{packed_run}}/result.json",
+        PACKED_RESULT,
     params:
         plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
@@ -41,17 +42,17 @@ rule train_packed:
 
 rule bench_packed:
     input:
-        recipe=ancient(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
+        recipe=ancient(PACKED_BENCH_RECIPE),
     output:
-        f"{PACKED_BENCH_DIR}/{{execution}}-n{{n}}-{{mode}}.json",
+        PACKED_BENCH_RESULT,
     params:
         plan_files=plan_file_digest,
-        protocol=PLAN.packed.bench_protocol() if PLAN.packed.bench else "",
+        protocol=PLAN.packed.bench_protocol(),
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
-    threads: PLAN.threads("bench")  # locally all cores: nothing runs beside a timed job
+    threads: PLAN.threads("packed")  # locally all cores: nothing runs beside a timed job
     resources:
-        **PLAN.resources("bench"),
+        **PLAN.resources("packed"),
     conda:
         "../envs/torch.yaml"
     shell:
@@ -63,9 +64,9 @@ rule summarize_packed_bench:
     input:
         PLAN.packed.bench_files(),
     output:
-        summary=f"{PACKED_BENCH_DIR}/summary.json",
+        summary=PACKED_BENCH_SUMMARY,
         plot=report(
-            f"{PACKED_BENCH_DIR}/speedup.png",
+            PACKED_BENCH_PLOT,
             caption="../report/packed-benchmark.rst",
             category="Packed training",
         ),
@@ -83,15 +84,15 @@ rule report_packed:
     input:
         PLAN.packed.results(),
     output:
-        table=f"{PACKED_REPORT_DIR}/report.md",
+        table=PACKED_REPORT.table,
         table_html=report(
-            f"{PACKED_REPORT_DIR}/table.html",
+            PACKED_REPORT.table_html,
             caption="../report/packed-runs.rst",
             category="Packed training",
         ),
-        comparison=f"{PACKED_REPORT_DIR}/comparison.json",
+        comparison=PACKED_REPORT.comparison,
         curves=report(
-            f"{PACKED_REPORT_DIR}/learning-curves.png",
+            PACKED_REPORT.curves,
             caption="../report/packed-curves.rst",
             category="Packed training",
         ),

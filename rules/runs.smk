@@ -1,5 +1,5 @@
 # Plain training runs and their report: results/runs/<run>/{recipe.yaml, result.json, evaluation.json} and
-# results/report/runs/{report.md, comparison.json, learning-curves.png}.
+# results/report/runs/{report.md, comparison.json, learning-curves.png} (paths: tiny_llm/pipeline/layout.py).
 # The trainer keeps its resumable state (latest.pt, metrics, best.json) beside result.json in the run
 # directory; only result.json is declared, so Snakemake never deletes that state and `--resume auto` picks it
 # up on a rerun.
@@ -7,10 +7,10 @@
 
 rule train_run:
     input:
-        recipe=ancient(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
-        cache=PLAN.cache_dir,
+        recipe=ancient(RUN_RECIPE),
+        cache=PLAN.data.cache_dir,
     output:
-        f"{RUNS_DIR}/{{run}}/result.json",
+        RUN_RESULT,
     params:
         plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
@@ -28,11 +28,11 @@ rule train_run:
 
 rule evaluate_run:
     input:
-        result=f"{RUNS_DIR}/{{run}}/result.json",
+        result=RUN_RESULT,
     output:
-        f"{RUNS_DIR}/{{run}}/evaluation.json",
+        RUN_EVALUATION,
     params:
-        run_dir=output_parent,
+        run_dir=input_parent,
         full=run_evaluate_flags,
     log:
         "logs/evaluate_run/{run}.log",
@@ -42,23 +42,22 @@ rule evaluate_run:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm evaluate --config {params.run_dir}/resolved.yaml "
-        "--checkpoint {params.run_dir}/final.pt {params.full} --output {output} > {log} 2>&1"
+        "python -m tiny_llm evaluate --run {params.run_dir} {params.full} --output {output} > {log} 2>&1"
 
 
 rule plot_curves:
     input:
-        PLAN.run_results(),
+        PLAN.runs.results(),
     output:
-        table=f"{RUNS_REPORT_DIR}/report.md",
+        table=RUNS_REPORT.table,
         table_html=report(
-            f"{RUNS_REPORT_DIR}/table.html",
+            RUNS_REPORT.table_html,
             caption="../report/runs-table.rst",
             category="Training runs",
         ),
-        comparison=f"{RUNS_REPORT_DIR}/comparison.json",
+        comparison=RUNS_REPORT.comparison,
         curves=report(
-            f"{RUNS_REPORT_DIR}/learning-curves.png",
+            RUNS_REPORT.curves,
             caption="../report/learning-curves.rst",
             category="Training runs",
         ),

@@ -1,9 +1,9 @@
 # Staged throughput tuner (target `tuning`): results/<profile>-tuning/{profile.yaml, plan.json,
-# candidates/<slot>.json, selected.yaml, summary.json, progress.json, throughput.png}. Every candidate is its own
-# job and process; slots are named by stage and parent *rank* (s2-r0-flash = stage 2, flash applied to the best
-# of the earlier stages), so the DAG is static. Each slot waits for every slot before it: candidates run one at
-# a time on the device, and the time budget is the sum of the wall times of the slots before (deterministic on
-# a rerun). progress.json is rewritten by every candidate and is not a declared output.
+# candidates/<slot>.json, selected.yaml, summary.json, progress.json, throughput.png} (paths: pipeline/layout.py).
+# Every candidate is its own job and process; slots are named by stage and parent *rank* (s2-r0-flash = stage 2,
+# flash applied to the best of the earlier stages), so the DAG is static. Each slot waits for every slot before
+# it: candidates run one at a time on the device, and the time budget is the sum of the wall times of the slots
+# before (deterministic on a rerun). progress.json is rewritten by every candidate and is not a declared output.
 
 
 wildcard_constraints:
@@ -15,7 +15,7 @@ rule plan_tuning:
     input:
         profile=tuning_profile,
     output:
-        "results/{profile}-tuning/plan.json",
+        TUNING_PLAN,
     params:
         plan_files=plan_file_digest,
     log:
@@ -32,7 +32,7 @@ rule bench_candidate:
     input:
         unpack(candidate_inputs),
     output:
-        "results/{profile}-tuning/candidates/{slot}.json",
+        TUNING_CANDIDATE,
     params:
         results=tuning_results,
     log:
@@ -52,10 +52,10 @@ rule select_tuning:
         plan=tuning_plan,
         candidates=all_candidates,
     output:
-        selected="results/{profile}-tuning/selected.yaml",
-        summary="results/{profile}-tuning/summary.json",
+        selected=TUNING_SELECTED,
+        summary=TUNING_SUMMARY,
         plot=report(
-            "results/{profile}-tuning/throughput.png",
+            TUNING_PLOT,
             caption="../report/tuning-throughput.rst",
             category="Tuning",
             subcategory="{profile}",

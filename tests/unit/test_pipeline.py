@@ -15,7 +15,8 @@ from pipeline_helpers import REPO, SCHEMA, plan_of, shipped, tiny
 
 from tiny_llm.config import deep_merge, load_recipe, recipe_from_dict
 from tiny_llm.errors import ConfigError
-from tiny_llm.pipeline import PREPARE_RECIPE, write_plan_file
+from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline.layout import PREPARE_RECIPE
 from tiny_llm.pipeline.recipes import flatten, set_value
 
 
@@ -79,13 +80,14 @@ def test_cache_recipe_covers_the_largest_budget_of_any_job() -> None:
     cache = plan.files.content(PREPARE_RECIPE)
     assert cache["data"]["dataset"] == "allenai/c4"
     assert cache["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
-    assert cache["data"]["prepare_train_tokens"] == max(plan._cache_needs)
+    needs = [need for stage in plan.stages.values() for need in stage.cache_tokens_needed()]
+    assert cache["data"]["prepare_train_tokens"] == max(needs)
     # the 90m campaign runs need the most: more than the 20m plain run
     from tiny_llm.budget import make_budget
 
     assert (
         cache["data"]["prepare_train_tokens"]
-        > make_budget(plan.run_recipes["20m-reference"]).cache_tokens_needed
+        > make_budget(plan.runs.recipes["20m-reference"]).cache_tokens_needed
     )
 
 
@@ -163,7 +165,7 @@ def test_resources_come_from_the_size_or_the_section() -> None:
     assert tuning.runtime_minutes == 600 // 60 + 10
     functions = plan.resources("runs")
     assert functions["runtime"](SimpleNamespace(run="20m-reference"), 2) == 120
-    assert plan.threads("bench")(SimpleNamespace()) == 8
+    assert plan.threads("packed")(SimpleNamespace(execution="packed")) == 8  # the benchmark's
     demo = plan_of(shipped("workflow_config.yaml"))
     assert demo.job_resources("runs", SimpleNamespace(run="demo-s")).gpu == 0  # device cpu in the demo sizes
 
@@ -246,8 +248,11 @@ def test_a_tuning_profile_at_another_batch_is_refused_when_the_workflow_is_parse
         plan_of(campaign_tuned_at(512))
     message = str(err.value)
     assert len(message.splitlines()) == 1
-    assert message.startswith("campaign.tuning.tiny: tuning profile 'p' measures training.batch_tokens=512")
-    assert "campaign runs of size 'tiny' train at 1024" in message
+    # the very check (and message) of `campaign plan` on a tuning result
+    assert message.startswith(
+        "campaign.tuning.tiny: tuning profile 'p' was measured at training.batch_tokens=512"
+    )
+    assert "size 'tiny' trains at 1024" in message
     config = campaign_tuned_at(512)
     config["campaign"]["batch_tokens"] = {"tiny": 512}  # the campaign's own batch decides
     plan_of(config)
@@ -259,7 +264,9 @@ def test_a_tuning_profile_of_another_model_is_refused_when_the_workflow_is_parse
     config = campaign_tuned_at(None)
     config["sizes"]["big"] = {**config["sizes"]["tiny"], "overrides": {"model": {"num_layers": 3}}}
     config["tuning"]["profiles"]["p"]["size"] = "big"
-    with pytest.raises(ConfigError, match=r"campaign.tuning.tiny: tuning profile 'p' tunes another model"):
+    with pytest.raises(
+        ConfigError, match=r"campaign.tuning.tiny: tuning profile 'p' tuned another model shape"
+    ):
         plan_of(config)
 
 

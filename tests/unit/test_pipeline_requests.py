@@ -34,7 +34,7 @@ def test_timed_jobs_take_every_local_core() -> None:
     config = shipped("workflow_config.yaml")
     local = build_plan(copy.deepcopy(config), SCHEMA, numerics_version=1, check_files=False, local_cores=2)
     assert local.threads("tuning")(SimpleNamespace(profile="cpu")) == 2
-    assert local.threads("bench")(SimpleNamespace()) == 2
+    assert local.threads("packed")(SimpleNamespace(execution="packed")) == 2
     assert (
         local.threads("runs")(SimpleNamespace(run="demo-s")) == 1
     )  # training jobs keep their size's threads
@@ -97,7 +97,7 @@ def test_analysis_stage_plans_one_job_per_checkpoint_and_case() -> None:
     config = shipped("workflow_config.yaml")
     config["analysis"] = {"runs": ["demo-s"], "noise_samples": 4, "random_samples": 4}
     plan = plan_of(config)
-    recipe = plan.run_recipes["demo-s"]
+    recipe = plan.runs.recipes["demo-s"]
     epochs = make_budget(recipe).num_epochs
     assert recipe.training.checkpoint_policy == "all"  # an analysed run keeps every epoch's state
     assert plan.files.content("results/runs/demo-s/recipe.yaml")["training"]["checkpoint_policy"] == "all"

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from tiny_llm.campaign.templates import TUNED_KEYS
 from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
@@ -33,16 +34,6 @@ REFERENCE_STAGE1: tuple[tuple[int, bool], ...] = (
     (128, True),
 )
 
-# Recipe keys the tuner varies; selected.yaml differs from the base recipe only here.
-TUNED_KEYS: tuple[str, ...] = (
-    "training.micro_batch_size",
-    "runtime.compile",
-    "runtime.compile_mode",
-    "runtime.sdpa_backend",
-    "runtime.attention_backend",
-    "runtime.cpu_amp",
-    "runtime.cpu_threads",
-)
 
 SpaceKind = Literal["gpu", "cpu"]
 
@@ -310,7 +301,7 @@ def candidate_identity(recipe: dict[str, Any], protocol: Protocol) -> str:
 
 
 def tuned_settings(recipe: dict[str, Any]) -> dict[str, Any]:
-    """The tuned keys of a recipe dict (what the campaign takes from a tuning result)."""
+    """Every tuned key of a recipe dict (a candidate's record; a campaign takes only some of them)."""
     out = {}
     for key in TUNED_KEYS:
         section, name = key.split(".", 1)

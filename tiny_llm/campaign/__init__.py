@@ -82,8 +82,9 @@ from tiny_llm.campaign.steps import (
     select_children,
 )
 from tiny_llm.campaign.templates import (
-    TUNED_FIELDS,
+    TUNED_KEYS,
     build_template,
+    check_tuning_fits,
     child_recipes,
     size_base,
     stage1_recipes,
@@ -95,7 +96,7 @@ __all__ = [
     "CHANGED_MESSAGE",
     "GRID_KEYS",
     "IDENTITY_FILE",
-    "TUNED_FIELDS",
+    "TUNED_KEYS",
     "CampaignChangedError",
     "CampaignConfig",
     "ConfigurationOutcome",
@@ -105,6 +106,7 @@ __all__ = [
     "RunOutcome",
     "StageConfig",
     "build_template",
+    "check_tuning_fits",
     "cache_identity_of",
     "campaign_identity",
     "campaign_identity_payload",

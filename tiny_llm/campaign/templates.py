@@ -15,14 +15,18 @@ from tiny_llm.config import (
 )
 from tiny_llm.errors import ConfigError, RunStateError
 
-# Execution settings a tuning result may set for a size (never numerics such as amp or the batch).
-TUNED_FIELDS = (
-    ("training", "micro_batch_size"),
-    ("runtime", "compile"),
-    ("runtime", "compile_mode"),
-    ("runtime", "sdpa_backend"),
-    ("runtime", "cpu_threads"),
-)
+# The one list of tuned keys: the recipe keys the tuner varies (a tuning result's selected.yaml differs from
+# its base recipe only here), each with whether a campaign takes it from that result. Execution settings it
+# takes; numerics (BF16 autocast on a CPU, the attention path) and the batch never: they change the results.
+TUNED_KEYS: dict[str, bool] = {
+    "training.micro_batch_size": True,
+    "runtime.compile": True,
+    "runtime.compile_mode": True,
+    "runtime.sdpa_backend": True,
+    "runtime.attention_backend": False,
+    "runtime.cpu_amp": False,
+    "runtime.cpu_threads": True,
+}
 
 
 def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
@@ -32,12 +36,10 @@ def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
     return deep_merge(base, dict(entry.get("overrides") or {}))
 
 
-def tuned_settings(
-    tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str
-) -> dict[str, dict[str, Any]]:
-    """The execution settings a tuning result gives a size; ConfigError if it tuned another model, or measured
-    at another batch (the fastest microbatch and compile mode at one batch say little about another)."""
-    tuned = recipe_to_dict(recipe_from_dict(dict(tuning_recipe)))
+def check_tuning_fits(tuned: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str) -> None:
+    """ConfigError unless a tuning recipe tuned the model of ``size`` at the batch its campaign runs train
+    with (the fastest microbatch and compile mode at one batch say little about another). The workflow asks
+    it of each tuning profile before anything runs; the campaign's plan step of each tuning result."""
     if tuned["model"] != template["model"]:
         diffs = identity_differences(template["model"], tuned["model"])
         raise ConfigError(
@@ -50,9 +52,19 @@ def tuned_settings(
             f"campaign.tuning.{size}: {source} was measured at training.batch_tokens={measured}, but size "
             f"'{size}' trains at {trains}; tune it at its campaign batch or drop it from campaign.tuning"
         )
+
+
+def tuned_settings(
+    tuning_recipe: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str
+) -> dict[str, dict[str, Any]]:
+    """The execution settings a tuning result gives a size (ConfigError if it does not fit the size)."""
+    tuned = recipe_to_dict(recipe_from_dict(dict(tuning_recipe)))
+    check_tuning_fits(tuned, template, size, source)
     settings: dict[str, dict[str, Any]] = {}
-    for section, name in TUNED_FIELDS:
-        settings.setdefault(section, {})[name] = tuned[section][name]
+    for key, taken in TUNED_KEYS.items():
+        section, name = key.split(".", 1)
+        if taken:
+            settings.setdefault(section, {})[name] = tuned[section][name]
     return settings
 
 

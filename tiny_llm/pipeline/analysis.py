@@ -6,7 +6,6 @@ from its recipe (tiny_llm.analysis.names), and an analysed plain or packed run s
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,15 +13,25 @@ from tiny_llm.analysis.names import CASES, cache_tokens_needed, missing_checkpoi
 from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.config import RecipeConfig
 from tiny_llm.errors import ConfigError
-from tiny_llm.pipeline.layout import PACKED_DIR, RUNS_DIR
+from tiny_llm.pipeline.layout import (
+    ANALYSIS_ALIGNMENT,
+    ANALYSIS_JOB,
+    ANALYSIS_MANIFEST,
+    ANALYSIS_NOISE,
+    ANALYSIS_NORMS,
+    ANALYSIS_SUMMARY,
+    PACKED_RUN_DIR,
+    RUN_DIR,
+    fill,
+)
+from tiny_llm.pipeline.stage import Resources
 
-ANALYSIS_DIR = "results/analysis"
 SETTING_KEYS = ("noise_samples", "random_samples", "seed", "dtype", "amp", "consensus", "hvp_batch_size")
 
 
 @dataclass(frozen=True)
 class AnalysedRun:
-    """One analysed run: its name under results/analysis/, run directory and recipe."""
+    """One analysed run: its name in the analysis' paths (``analysed_run``), run directory and recipe."""
 
     name: str
     run_dir: str
@@ -41,6 +50,11 @@ class AnalysedRun:
         """The file that exists once the run can be analysed."""
         return self.ranking or f"{self.run_dir}/result.json"
 
+    @property
+    def metrics_flag(self) -> str:
+        """The summary's ``--metrics`` option: training's logged gradient norms (none for a best-of run)."""
+        return f"--metrics {self.run_dir}/metrics.jsonl" if self.run_dir else ""
+
 
 def parse_reference(reference: str) -> tuple[str, str]:
     """``demo-s`` (a plain run), ``packed:<run>`` or ``campaign:<stage>/<run>`` -> (kind, id)."""
@@ -51,7 +65,9 @@ def parse_reference(reference: str) -> tuple[str, str]:
 class AnalysisPlan:
     def __init__(self, section: dict[str, Any]) -> None:
         self.section = section
+        self.enabled: bool = section["default_target"]
         self.runs: dict[str, AnalysedRun] = {}
+        self._cache_needs: list[int] = []
         self.settings = {case: self._settings(case) for case in self.cases()}
         self.tag = self.settings[self.cases()[0]].tag() if self.cases() else ""
 
@@ -88,10 +104,8 @@ class AnalysisPlan:
         recipe: RecipeConfig,
         run_dir: str | None = None,
         ranking: str | None = None,
-    ) -> int:
-        """Register an analysed run; returns the train tokens its cache must hold (the unseen case reads past
-        the budget)."""
-        folder = {"runs": RUNS_DIR, "packed": PACKED_DIR}.get(kind, "")
+    ) -> None:
+        """Register an analysed run (its cache must hold the unseen case, which reads past the budget)."""
         name = run if kind == "runs" else f"{kind}-{run.replace('/', '-')}"
         where = f"analysis.runs: {kind}:{run}" if kind != "runs" else f"analysis.runs: {run}"
         wanted = self.wanted()
@@ -102,31 +116,40 @@ class AnalysisPlan:
         checkpoints = tuple(wanted or saved_checkpoints(recipe))
         if not checkpoints:
             raise ConfigError(f"{where}: the run saves no checkpoint (checkpoint_policy none)")
-        run_dir = "" if ranking else (run_dir or f"{folder}/{run}")
+        default_dir = {"runs": RUN_DIR, "packed": PACKED_RUN_DIR}.get(kind, "")
+        run_dir = "" if ranking else (run_dir or fill(default_dir, run=run, packed_run=run))
         self.runs[name] = AnalysedRun(name, run_dir, recipe, checkpoints, ranking)
-        return cache_tokens_needed(recipe, tuple(self.cases()))
+        self._cache_needs.append(cache_tokens_needed(recipe, tuple(self.cases())))
+
+    def run(self, name: str) -> AnalysedRun:
+        if name not in self.runs:
+            raise ConfigError(f"analysis: '{name}' is not an analysed run ({', '.join(self.runs) or 'none'})")
+        return self.runs[name]
 
     # ------------------------------------------------------------------ paths
 
-    def name_pattern(self) -> str:
-        return "|".join(re.escape(name) for name in self.runs) or "(?!)"
-
-    def folder(self, name: str) -> str:
-        return f"{ANALYSIS_DIR}/{name}/{self.tag}"
-
     def jobs(self, name: str) -> list[str]:
-        run = self.runs[name]
-        cases = self.cases()
+        run = self.run(name)
         return [
-            f"{self.folder(name)}/{ckpt}-{case}/result.json" for ckpt in run.checkpoints for case in cases
+            fill(ANALYSIS_JOB, analysed_run=name, settings_tag=self.tag, checkpoint_name=ckpt, case=case)
+            for ckpt in run.checkpoints
+            for case in self.cases()
         ]
 
     def flags(self, case: str) -> str:
         return " ".join(self.settings[case].flags())
 
     def summary_files(self, name: str) -> list[str]:
-        names = ("summary.csv", "manifest.json", "alignment.png", "noise-alignment.png", "norms.png")
-        return [f"{self.folder(name)}/{file}" for file in names]
+        files = (ANALYSIS_SUMMARY, ANALYSIS_MANIFEST, ANALYSIS_ALIGNMENT, ANALYSIS_NOISE, ANALYSIS_NORMS)
+        return [fill(path, analysed_run=name, settings_tag=self.tag) for path in files]
+
+    def resources(self, wildcards: Any) -> Resources:
+        section, run = self.section, self.run(wildcards.analysed_run)
+        gpu = int(run.recipe.runtime.device != "cpu")
+        return Resources(section["threads"], section["mem_mb"], section["runtime_minutes"], gpu)
+
+    def cache_tokens_needed(self) -> list[int]:
+        return list(self._cache_needs)
 
     def targets(self) -> list[str]:
         return [path for name in self.runs for path in self.summary_files(name)]

@@ -1,16 +1,23 @@
-"""The recipe campaign's part of the plan: settings handed to `tiny_llm campaign`, run ids and their files."""
+"""The recipe campaign's part of the plan: settings handed to `tiny_llm campaign`, run ids and their files.
+
+The campaign's recipes come from the library's own builder (`tiny_llm.campaign.build_template`), the function
+the plan_campaign job runs, so the plan sizes the token cache and checks tuning profiles on the very recipes
+the runs train with. A workflow config without stages still has a (disabled) campaign plan: its rules are
+always defined, and only its targets are empty.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
-from tiny_llm.config import deep_merge, identity_differences
+from tiny_llm.budget import make_budget
+from tiny_llm.config import RecipeConfig, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError, TinyLLMError
 from tiny_llm.pipeline.files import PlanFiles
-from tiny_llm.pipeline.layout import tuning_selected
+from tiny_llm.pipeline.layout import CAMPAIGN, TUNING_SELECTED, fill
 from tiny_llm.pipeline.recipes import RecipeBook
+from tiny_llm.pipeline.stage import Resources
 
 
 def campaign_config(book: RecipeBook, numerics_version: int) -> campaign_lib.CampaignConfig:
@@ -23,7 +30,7 @@ def campaign_config(book: RecipeBook, numerics_version: int) -> campaign_lib.Cam
         name = stage["size"]
         threads = {"runtime": {"cpu_threads": book.sizes[name]["threads"]}}
         sizes[name] = {"preset": book.sizes[name]["preset"], "overrides": book.overrides(name, threads)}
-    tuning = {size: tuning_selected(profile) for size, profile in section["tuning"].items()}
+    tuning = {size: fill(TUNING_SELECTED, profile=profile) for size, profile in section["tuning"].items()}
     root = section["output_dir"].rstrip("/")
     try:
         return campaign_lib.parse_campaign({**section, "tuning": tuning}, sizes, root, numerics_version)
@@ -32,65 +39,74 @@ def campaign_config(book: RecipeBook, numerics_version: int) -> campaign_lib.Cam
 
 
 class CampaignPlan:
-    def __init__(self, book: RecipeBook, numerics_version: int, files: PlanFiles) -> None:
-        self.enabled: bool = book.config["campaign"]["enabled"]
-        self.config = campaign_config(book, numerics_version)
-        self.root = self.config.root
-        self.runs = campaign_lib.planned_runs(self.config)
+    def __init__(self, book: RecipeBook, numerics_version: int, files: PlanFiles, check_files: bool) -> None:
+        section = book.config["campaign"]
+        self.book = book
+        self.root: str = section["output_dir"].rstrip("/")
+        self.paths = CAMPAIGN.under(self.root)
+        self.settings_file = self.paths.settings
+        self.config = campaign_config(book, numerics_version) if section["stages"] else None
+        self.enabled: bool = section["enabled"] and self.config is not None
+        self.runs = campaign_lib.planned_runs(self.config) if self.config else {}
         self.run_size = {run.run_id: run.size for runs in self.runs.values() for run in runs}
-        self.settings_file = files.add(f"{self.root}/settings.json", campaign_lib.settings_dict(self.config))
         self.stage_names = list(self.runs)
-        self.tuned_sizes = set(self.config.tuning)
-        self.check_tuning(book)
+        self.tuned_sizes = set(self.config.tuning) if self.config else set()
+        self.size_recipes: dict[str, RecipeConfig] = {}
+        if self.config is None:
+            return
+        files.add(self.settings_file, campaign_lib.settings_dict(self.config))
+        for size in self.config.sizes:
+            self.size_recipes[size] = recipe_from_dict(campaign_lib.build_template(self.config, size))
+        self.check_tuning()
+        if check_files:
+            campaign_lib.precheck(self.config)
 
-    def check_tuning(self, book: RecipeBook) -> None:
+    def check_tuning(self) -> None:
         """Each profile of campaign.tuning tunes the size's model at the batch its campaign runs train with
-        (what `campaign plan` would refuse later, once the tuning has run)."""
-        profiles = book.config["tuning"]["profiles"]
-        for size, name in book.config["campaign"]["tuning"].items():
-            where = f"campaign.tuning.{size}"
+        (what `campaign plan` would refuse later, once the tuning has run: the same check)."""
+        profiles = self.book.config["tuning"]["profiles"]
+        for size, name in self.book.config["campaign"]["tuning"].items():
             if name not in profiles:
                 defined = ", ".join(profiles) or "none"
-                raise ConfigError(f"{where}: tuning profile '{name}' is not defined (profiles: {defined})")
+                raise ConfigError(
+                    f"campaign.tuning.{size}: tuning profile '{name}' is not defined (profiles: {defined})"
+                )
             spec = profiles[name]
-            tuned = book.recipe(spec["size"], spec["overrides"], where=f"tuning.profiles.{name}")
-            runs = book.recipe(size, self.recipe_overrides(book, size), where=f"campaign ({size})")
-            if tuned.model != runs.model:
-                diffs = identity_differences(dataclasses.asdict(runs.model), dataclasses.asdict(tuned.model))
-                raise ConfigError(
-                    f"{where}: tuning profile '{name}' tunes another model than size '{size}' "
-                    f"({'; '.join(diffs[:3])}); name a profile of size '{size}'"
-                )
-            measured, trains = tuned.training.batch_tokens, runs.training.batch_tokens
-            if measured != trains:
-                raise ConfigError(
-                    f"{where}: tuning profile '{name}' measures training.batch_tokens={measured}, but the "
-                    f"campaign runs of size '{size}' train at {trains}; make tuning.profiles.{name}'s batch "
-                    f"and campaign.batch_tokens.{size} agree"
-                )
-
-    def recipe_overrides(self, book: RecipeBook, size: str) -> dict[str, Any]:
-        """What a campaign run of ``size`` adds to the size's recipe (for the token cache's budget)."""
-        overrides = book.config["campaign"]["overrides"]
-        batch = book.config["campaign"]["batch_tokens"]
-        if size in batch:
-            overrides = deep_merge(overrides, {"training": {"batch_tokens": batch[size]}})
-        return overrides
+            tuned = self.book.recipe(spec["size"], spec["overrides"], where=f"tuning.profiles.{name}")
+            campaign_lib.check_tuning_fits(
+                recipe_to_dict(tuned),
+                recipe_to_dict(self.size_recipes[size]),
+                size,
+                f"tuning profile '{name}'",
+            )
 
     def size(self, run: str) -> str:
         if run not in self.run_size:
             raise ConfigError(f"{run} is not a run of the campaign in {self.root} (see campaign.json)")
         return self.run_size[run]
 
+    def size_recipe(self, size: str) -> RecipeConfig:
+        """The recipe every campaign run of ``size`` starts from (before tuning and its optimizer values)."""
+        return self.size_recipes[size]
+
     def stage_number(self, stage: str) -> int:
         if stage not in self.runs:
-            raise ConfigError(
-                f"{stage} is not a stage of the campaign in {self.root}: {', '.join(self.runs)}"
-            )
+            stages = ", ".join(self.runs) or "none: campaign.stages is empty"
+            raise ConfigError(f"{stage} is not a stage of the campaign in {self.root}: {stages}")
         return self.stage_names.index(stage) + 1
+
+    def stage_size(self, stage: str) -> str:
+        number = self.stage_number(stage)
+        assert self.config is not None  # a stage exists
+        return self.config.stages[number - 1].size
 
     def previous(self, stage: str) -> str:
         return self.stage_names[self.stage_number(stage) - 2]
+
+    def last_stage_of(self, size: str) -> str | None:
+        """The last stage that trains ``size`` (its ranking names the size's best run)."""
+        stages = [stage for stage in self.stage_names if self.stage_size(stage) == size]
+        return stages[-1] if stages else None
 
     def thread_flags(self, run: str, threads: int) -> str:
         """Untuned sizes train with the job's threads; tuned ones keep the threads their tuning selected."""
@@ -99,30 +115,40 @@ class CampaignPlan:
     def estimate_text(self, wildcards: Any = None) -> str:
         """The GPU-hour estimate as plan_campaign prints it (a params function: the job's message in
         `snakemake -n --quiet host`); a problem with a tuning result is plan_campaign's to report."""
+        if self.config is None:
+            return ""
         try:
             return campaign_lib.describe_estimate(campaign_lib.estimate_only(self.config))
         except TinyLLMError as exc:
             return f"unknown ({exc})"
 
     def report_flags(self) -> str:
-        return " ".join(f"--require-size {size}" for size in self.config.sizes)
+        sizes = self.config.sizes if self.config else {}
+        return " ".join(f"--require-size {size}" for size in sizes)
+
+    def resources(self, wildcards: Any) -> Resources:
+        return self.book.size_resources(self.size(wildcards.run))
+
+    def cache_tokens_needed(self) -> list[int]:
+        return [make_budget(recipe).cache_tokens_needed for recipe in self.size_recipes.values()]
 
     # ------------------------------------------------------------------ paths
 
     def results(self, stage: str) -> list[str]:
-        return [f"{campaign_lib.run_dir(self.config, stage, r.run_id)}/result.json" for r in self.runs[stage]]
+        return [fill(self.paths.result, stage=stage, run=r.run_id) for r in self.runs[stage]]
 
     def recipes(self, stage: str) -> list[str]:
-        return [campaign_lib.recipe_path(self.config, stage, r.run_id) for r in self.runs[stage]]
+        return [fill(self.paths.recipe, stage=stage, run=r.run_id) for r in self.runs.get(stage, [])]
 
     def templates(self) -> list[str]:
-        return [campaign_lib.template_path(self.config, size) for size in self.config.sizes]
+        sizes = self.config.sizes if self.config else {}
+        return [fill(self.paths.template, size=size) for size in sizes]
 
     def template(self, stage: str) -> str:
-        return campaign_lib.template_path(self.config, self.config.stages[self.stage_number(stage) - 1].size)
+        return fill(self.paths.template, size=self.stage_size(stage))
 
     def ranking(self, stage: str) -> str:
-        return campaign_lib.ranking_path(self.config, stage)
+        return fill(self.paths.ranking, stage=stage)
 
     def rankings(self) -> list[str]:
         return [self.ranking(stage) for stage in self.runs]
@@ -131,15 +157,17 @@ class CampaignPlan:
         return [path for stage in self.runs for path in self.results(stage)]
 
     def selected(self) -> list[str]:
-        return [f"{self.root}/report/selected-{size}.yaml" for size in self.config.sizes]
+        sizes = self.config.sizes if self.config else {}
+        return [fill(self.paths.selected, size=size) for size in sizes]
 
     def report_files(self) -> list[str]:
-        names = ("report.md", "comparison.json", "learning-curves.png")
-        return self.selected() + [f"{self.root}/report/{name}" for name in names]
+        return self.selected() + self.paths.report.targets()
 
     def plan_inputs(self, cache_dir: str) -> dict[str, str]:
-        tuning = {f"tuning_{size}": path for size, path in self.config.tuning.items()}
+        tuning = {
+            f"tuning_{size}": path for size, path in (self.config.tuning if self.config else {}).items()
+        }
         return {"cache": cache_dir, **tuning}
 
     def targets(self) -> list[str]:
-        return self.report_files() + self.rankings()
+        return self.report_files() + self.rankings() if self.config else []

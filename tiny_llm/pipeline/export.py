@@ -2,53 +2,63 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from tiny_llm.campaign import ranking_path, stage_name
+from tiny_llm.errors import ConfigError
 from tiny_llm.export.settings import sampling_from_dict
 from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.files import PlanFiles
-
-EXPORTS_DIR = "results/exports"
-EXPORTS_REPORT_DIR = "results/report/exports"
-PROMPTS_FILE = f"{EXPORTS_DIR}/prompts.yaml"
+from tiny_llm.pipeline.layout import (
+    EXPORT_BEST,
+    EXPORT_PROMPTS,
+    EXPORT_RUN,
+    EXPORTS_JSON,
+    EXPORTS_MODELS,
+    EXPORTS_SAMPLES,
+    EXPORTS_TABLE,
+    fill,
+)
+from tiny_llm.pipeline.stage import Resources
 
 
 class ExportPlan:
     def __init__(
-        self, section: dict[str, Any], runs: list[str], campaign: CampaignPlan | None, files: PlanFiles
+        self, section: dict[str, Any], runs: list[str], campaign: CampaignPlan, files: PlanFiles
     ) -> None:
         self.section = section
+        self.enabled: bool = section["default_target"]
         self.runs = list(runs) if section["runs"] else []
-        self.best = self._best_rankings(campaign) if section["campaign"] and campaign else {}
+        self.best = self._best_rankings(campaign) if section["campaign"] else {}
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
-        files.add(PROMPTS_FILE, {"prompts": list(section["prompts"]), **sampling.as_dict()})
+        files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 
     @staticmethod
     def _best_rankings(campaign: CampaignPlan) -> dict[str, str]:
         """Size -> ranking.json of the last stage that trained the size."""
-        last = {stage.size: index for index, stage in enumerate(campaign.config.stages)}
-        return {size: ranking_path(campaign.config, stage_name(index)) for size, index in last.items()}
+        last = {campaign.stage_size(stage): stage for stage in campaign.stage_names}
+        return {size: campaign.ranking(stage) for size, stage in last.items()}
 
     # ------------------------------------------------------------------ paths
 
-    def run_pattern(self) -> str:
-        return "|".join(re.escape(run) for run in self.runs) or "(?!)"
-
-    def size_pattern(self) -> str:
-        return "|".join(re.escape(size) for size in self.best) or "(?!)"
-
     def directories(self) -> list[str]:
-        names = self.runs + [f"best-{size}" for size in self.best]
-        return [f"{EXPORTS_DIR}/{name}" for name in names]
+        runs = [fill(EXPORT_RUN, run=run) for run in self.runs]
+        return runs + [fill(EXPORT_BEST, size=size) for size in self.best]
 
     def ranking(self, size: str) -> str:
+        if size not in self.best:
+            sizes = ", ".join(self.best) or "none"
+            raise ConfigError(f"export: no best model of size '{size}' is exported (sizes: {sizes})")
         return self.best[size]
 
     def report_files(self) -> list[str]:
-        names = ("models.html", "samples.html", "exports.md", "exports.json")
-        return [f"{EXPORTS_REPORT_DIR}/{name}" for name in names]
+        return [EXPORTS_MODELS, EXPORTS_SAMPLES, EXPORTS_TABLE, EXPORTS_JSON]
+
+    def resources(self, wildcards: Any) -> Resources:
+        """Exports run on the CPU: a few GB and minutes even for the largest preset."""
+        return Resources(2, 8000, 30, 0)
+
+    def cache_tokens_needed(self) -> list[int]:
+        return []
 
     def targets(self) -> list[str]:
         return self.directories() + self.report_files() if self.directories() else []

@@ -1,33 +1,146 @@
-"""Where the workflow puts things under results/ (the README's table describes the same layout)."""
+"""Where the workflow puts its files: every artifact is one wildcard pattern, written once, here.
+
+Rules name these patterns as their inputs and outputs and Snakemake fills in the wildcards; the plan fills in
+the same patterns with ``fill`` for its target lists. The campaign's files lie under its configurable root:
+their patterns start with ``{campaign}``, which the campaign plan fills in first (``CampaignLayout``). The
+README's table describes the same layout.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+# ----------------------------------------------------------------------------- data
 CORPUS_DIR = "results/data/corpus"
 TOKENIZER_DIR = "results/data/tokenizer"
 PREPARE_RECIPE = "results/data/prepare.yaml"
-RUNS_DIR = "results/runs"
-RUNS_REPORT_DIR = "results/report/runs"
-PACKED_DIR = "results/packed"
-PACKED_BENCH_DIR = "results/packed-benchmarks"
-PACKED_REPORT_DIR = "results/report/packed"
-RECIPE_FILE = "recipe.yaml"
+
+# ----------------------------------------------------------------------------- plain runs
+RUN_DIR = "results/runs/{run}"
+RUN_RECIPE = "results/runs/{run}/recipe.yaml"
+RUN_RESULT = "results/runs/{run}/result.json"
+RUN_EVALUATION = "results/runs/{run}/evaluation.json"
+
+# ----------------------------------------------------------------------------- tuning
+TUNING_DIR = "results/{profile}-tuning"
+TUNING_PROFILE = "results/{profile}-tuning/profile.yaml"
+TUNING_PLAN = "results/{profile}-tuning/plan.json"
+TUNING_CANDIDATE = "results/{profile}-tuning/candidates/{slot}.json"
+TUNING_SELECTED = "results/{profile}-tuning/selected.yaml"
+TUNING_SUMMARY = "results/{profile}-tuning/summary.json"
+TUNING_PLOT = "results/{profile}-tuning/throughput.png"
+
+# ----------------------------------------------------------------------------- packed
+PACKED_RUN_DIR = "results/packed/{packed_run}"
+PACKED_RECIPE = "results/packed/{packed_run}/recipe.yaml"
+PACKED_RESULT = "results/packed/{packed_run}/result.json"
+PACKED_BENCH_RECIPE = "results/packed-benchmarks/n{n}-{mode}/recipe.yaml"
+PACKED_BENCH_RESULT = "results/packed-benchmarks/{execution}-n{n}-{mode}.json"
+PACKED_BENCH_SUMMARY = "results/packed-benchmarks/summary.json"
+PACKED_BENCH_PLOT = "results/packed-benchmarks/speedup.png"
+
+# ----------------------------------------------------------------------------- export
+EXPORTS_DIR = "results/exports"
+EXPORT_PROMPTS = "results/exports/prompts.yaml"
+EXPORT_RUN = "results/exports/{run}"
+EXPORT_BEST = "results/exports/best-{size}"
+EXPORTS_MODELS = "results/report/exports/models.html"
+EXPORTS_SAMPLES = "results/report/exports/samples.html"
+EXPORTS_TABLE = "results/report/exports/exports.md"
+EXPORTS_JSON = "results/report/exports/exports.json"
+
+# ----------------------------------------------------------------------------- analysis
+# <settings_tag> names the measured settings (s32-r32-seed42, ...); <checkpoint_name> is epoch-NNN or final.
+ANALYSIS_JOB = "results/analysis/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}/result.json"
+ANALYSIS_SUMMARY = "results/analysis/{analysed_run}/{settings_tag}/summary.csv"
+ANALYSIS_MANIFEST = "results/analysis/{analysed_run}/{settings_tag}/manifest.json"
+ANALYSIS_ALIGNMENT = "results/analysis/{analysed_run}/{settings_tag}/alignment.png"
+ANALYSIS_NOISE = "results/analysis/{analysed_run}/{settings_tag}/noise-alignment.png"
+ANALYSIS_NORMS = "results/analysis/{analysed_run}/{settings_tag}/norms.png"
 
 
-def tuning_dir(profile: str) -> str:
-    return f"results/{profile}-tuning"
+@dataclass(frozen=True)
+class RunsReport:
+    """The files `tiny_llm report` writes for a set of runs (a table, the curves, the comparison)."""
+
+    table: str
+    table_html: str
+    comparison: str
+    curves: str
+
+    def first_look(self) -> list[str]:
+        """The files a user opens first."""
+        return [self.table, self.curves]
+
+    def targets(self) -> list[str]:
+        return [self.table, self.comparison, self.curves]
 
 
-def tuning_selected(profile: str) -> str:
-    return f"{tuning_dir(profile)}/selected.yaml"
+RUNS_REPORT = RunsReport(
+    table="results/report/runs/report.md",
+    table_html="results/report/runs/table.html",
+    comparison="results/report/runs/comparison.json",
+    curves="results/report/runs/learning-curves.png",
+)
+PACKED_REPORT = RunsReport(
+    table="results/report/packed/report.md",
+    table_html="results/report/packed/table.html",
+    comparison="results/report/packed/comparison.json",
+    curves="results/report/packed/learning-curves.png",
+)
 
 
-def job_dir(root: str, job: str) -> str:
-    return f"{root}/{job}"
+# ----------------------------------------------------------------------------- campaign (under its root)
+@dataclass(frozen=True)
+class CampaignLayout:
+    """The campaign's files; each pattern holds ``{campaign}``, the campaign's root directory."""
+
+    settings: str = "{campaign}/settings.json"
+    record: str = "{campaign}/campaign.json"
+    template: str = "{campaign}/templates/{size}.yaml"
+    run_dir: str = "{campaign}/{stage}/{run}"
+    recipe: str = "{campaign}/{stage}/{run}/recipe.yaml"
+    result: str = "{campaign}/{stage}/{run}/result.json"
+    ranking: str = "{campaign}/{stage}/ranking.json"
+    report_dir: str = "{campaign}/report"
+    selected: str = "{campaign}/report/selected-{size}.yaml"
+    report_table: str = "{campaign}/report/report.md"
+    report_table_html: str = "{campaign}/report/table.html"
+    report_comparison: str = "{campaign}/report/comparison.json"
+    report_curves: str = "{campaign}/report/learning-curves.png"
+
+    def under(self, root: str) -> CampaignLayout:
+        """The same patterns with the root filled in (the other wildcards kept)."""
+        return CampaignLayout(**{f.name: fill(getattr(self, f.name), campaign=root) for f in fields(self)})
+
+    @property
+    def report(self) -> RunsReport:
+        return RunsReport(
+            self.report_table, self.report_table_html, self.report_comparison, self.report_curves
+        )
 
 
-def job_recipe(root: str, job: str) -> str:
-    return f"{root}/{job}/{RECIPE_FILE}"
+CAMPAIGN = CampaignLayout()
+
+_WILDCARD = re.compile(r"\{(\w+)\}")
 
 
-def job_result(root: str, job: str) -> str:
-    return f"{root}/{job}/result.json"
+def wildcards(pattern: str) -> list[str]:
+    """The wildcard names of a pattern, in order."""
+    return _WILDCARD.findall(pattern)
+
+
+def fill(pattern: str, **values: Any) -> str:
+    """``pattern`` with the named wildcards filled in; wildcards not named are kept for Snakemake."""
+    return _WILDCARD.sub(lambda m: str(values[m[1]]) if m[1] in values else m[0], pattern)
+
+
+def patterns() -> dict[str, str]:
+    """Every pattern of the layout by name (for tests and documentation)."""
+    table = {name: value for name, value in globals().items() if name.isupper() and isinstance(value, str)}
+    for name, report in (("RUNS_REPORT", RUNS_REPORT), ("PACKED_REPORT", PACKED_REPORT)):
+        table.update({f"{name}.{f.name}": getattr(report, f.name) for f in fields(report)})
+    table.update({f"CAMPAIGN.{f.name}": getattr(CAMPAIGN, f.name) for f in fields(CAMPAIGN)})
+    return table

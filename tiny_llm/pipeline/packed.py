@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig, deep_merge, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.files import PlanFiles
-from tiny_llm.pipeline.layout import PACKED_BENCH_DIR, PACKED_DIR, PACKED_REPORT_DIR, job_recipe, job_result
+from tiny_llm.pipeline.layout import (
+    PACKED_BENCH_RECIPE,
+    PACKED_BENCH_RESULT,
+    PACKED_BENCH_SUMMARY,
+    PACKED_RECIPE,
+    PACKED_REPORT,
+    PACKED_RESULT,
+    PACKED_RUN_DIR,
+    fill,
+)
 from tiny_llm.pipeline.recipes import RecipeBook
+from tiny_llm.pipeline.stage import Resources
 
 BENCH_MODES = {"compiled": True, "eager": False}
 EXECUTIONS = ("packed", "sequential")
@@ -35,7 +46,9 @@ class PackedPlan:
         extra: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """``extra``: run -> recipe keys the workflow adds (e.g. the analysis keeps every epoch's state)."""
+        self.book = book
         self.section = section
+        self.enabled: bool = section["default_target"]
         self.runs: dict[str, dict[str, Any]] = section["runs"]
         self.bench: dict[str, Any] | None = section.get("benchmark")
         self.recipes: dict[str, RecipeConfig] = {}
@@ -44,10 +57,10 @@ class PackedPlan:
             recipe = packed_recipe(book, spec, overrides, f"packed.runs.{run}")
             self.recipes[run] = recipe
             data = recipe_to_dict(recipe)
-            data["runtime"]["output_dir"] = f"{PACKED_DIR}/{run}"
-            files.add(job_recipe(PACKED_DIR, run), data)
+            data["runtime"]["output_dir"] = fill(PACKED_RUN_DIR, packed_run=run)
+            files.add(fill(PACKED_RECIPE, packed_run=run), data)
         for n, mode in self.bench_points():
-            files.add(job_recipe(PACKED_BENCH_DIR, f"n{n}-{mode}"), self.bench_recipe(book, n, mode))
+            files.add(fill(PACKED_BENCH_RECIPE, n=n, mode=mode), self.bench_recipe(book, n, mode))
 
     # ------------------------------------------------------------------ benchmark
 
@@ -81,31 +94,45 @@ class PackedPlan:
             return []
         modes = [mode for mode, compiled in BENCH_MODES.items() if compiled in self.bench["compile"]]
         return [
-            f"{PACKED_BENCH_DIR}/{execution}-n{n}-{mode}.json"
+            fill(PACKED_BENCH_RESULT, execution=execution, n=n, mode=mode)
             for n in self.bench["num_models"]
             for mode in modes
             for execution in EXECUTIONS
         ]
 
     def bench_protocol(self) -> str:
-        bench = self.bench or {}
+        if not self.bench:
+            return ""
+        bench = self.bench
         steps = f"--warmup {bench['warmup']} --steps {bench['steps']}"
         return f"{steps} --component-steps {bench['component_steps']}"
 
     # ------------------------------------------------------------------ runs and targets
 
     def results(self) -> list[str]:
-        return [job_result(PACKED_DIR, run) for run in self.runs]
+        return [fill(PACKED_RESULT, packed_run=run) for run in self.runs]
 
     def size(self, run: str) -> str:
         if run not in self.runs:
             raise ConfigError(f"packed run '{run}' is not in packed.runs: {', '.join(self.runs) or 'none'}")
         return self.runs[run]["size"]
 
+    def resources(self, wildcards: Any) -> Resources:
+        """A training run by its size; a benchmark process (it has an ``execution``), a timed job, by the
+        benchmark's section."""
+        if not hasattr(wildcards, "execution"):
+            return self.book.size_resources(self.size(wildcards.packed_run))
+        bench = self.bench or {}
+        gpu = int(self.book.uses_gpu(bench["size"]))
+        return Resources(bench["threads"], bench["mem_mb"], bench["runtime_minutes"], gpu, timed=True)
+
+    def cache_tokens_needed(self) -> list[int]:
+        return [make_budget(recipe).cache_tokens_needed for recipe in self.recipes.values()]
+
     def targets(self) -> list[str]:
         targets = self.results()
         if targets:
-            targets += [f"{PACKED_REPORT_DIR}/report.md", f"{PACKED_REPORT_DIR}/learning-curves.png"]
+            targets += PACKED_REPORT.first_look()
         if self.bench:
-            targets.append(f"{PACKED_BENCH_DIR}/summary.json")
+            targets.append(PACKED_BENCH_SUMMARY)
         return targets

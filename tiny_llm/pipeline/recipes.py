@@ -14,6 +14,7 @@ import yaml
 from tiny_llm.config import RecipeConfig, deep_merge, read_config_source, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.layout import CORPUS_DIR, TOKENIZER_DIR
+from tiny_llm.pipeline.stage import Resources
 
 # Recipe fields every size must share, because one token cache serves them all.
 CACHE_FIELDS = (
@@ -156,3 +157,8 @@ class RecipeBook:
 
     def uses_gpu(self, size: str) -> bool:
         return self.size_recipe(size).runtime.device != "cpu"
+
+    def size_resources(self, size: str) -> Resources:
+        """A training job of ``size``: its threads, memory and time; a GPU unless it trains on a CPU."""
+        spec = self.sizes[size]
+        return Resources(spec["threads"], spec["mem_mb"], spec["runtime_minutes"], int(self.uses_gpu(size)))

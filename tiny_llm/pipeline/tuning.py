@@ -10,14 +10,24 @@ import yaml
 from tiny_llm.bench.candidates import profile_from_dict, slot_names
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.files import PlanFiles
-from tiny_llm.pipeline.layout import tuning_dir, tuning_selected
+from tiny_llm.pipeline.layout import (
+    TUNING_CANDIDATE,
+    TUNING_DIR,
+    TUNING_PLAN,
+    TUNING_PROFILE,
+    TUNING_SELECTED,
+    fill,
+)
 from tiny_llm.pipeline.recipes import RecipeBook, flatten, set_value
+from tiny_llm.pipeline.stage import Resources
 
 # Workflow-only keys of a profile (the rest are tiny_llm.bench.candidates.TuningProfile fields).
 WORKFLOW_KEYS = ("size", "overrides")
 
 
 class TuningPlan:
+    enabled = True
+
     def __init__(self, book: RecipeBook, section: dict[str, Any], files: PlanFiles) -> None:
         self.profiles: dict[str, dict[str, Any]] = section["profiles"]
         self.default_profiles: list[str] = list(section["default_profiles"])
@@ -51,7 +61,7 @@ class TuningPlan:
     def plan_file(self, name: str, config_dir: Path) -> str:
         """plan.json of a profile; for an undefined one, one line naming the config file that defines it."""
         if name not in self.profiles:
-            target = tuning_selected(name)
+            target = fill(TUNING_SELECTED, profile=name)
             where = [path for path in sorted(config_dir.glob("*.yaml")) if name in _profiles_in(path)]
             if where:
                 config = f"{where[0].parent.name}/{where[0].name}"
@@ -60,19 +70,22 @@ class TuningPlan:
                 hint = "define it under tuning.profiles"
             defined = ", ".join(self.profiles) or "none"
             raise ConfigError(f"tuning profile '{name}' is not in this workflow config ({defined}); {hint}")
-        return f"{tuning_dir(name)}/plan.json"
+        return fill(TUNING_PLAN, profile=name)
 
     # ------------------------------------------------------------------ paths
 
     def profile_file(self, name: str) -> str:
-        return f"{tuning_dir(name)}/profile.yaml"
+        return fill(TUNING_PROFILE, profile=name)
+
+    def results_dir(self, name: str) -> str:
+        return fill(TUNING_DIR, profile=name)
 
     def slot_names(self, name: str) -> list[str]:
-        self.check_profile(name, f"{tuning_selected(name)}")
+        self.check_profile(name, fill(TUNING_SELECTED, profile=name))
         return self.slots[name]
 
     def candidate(self, name: str, slot: str) -> str:
-        return f"{tuning_dir(name)}/candidates/{slot}.json"
+        return fill(TUNING_CANDIDATE, profile=name, slot=slot)
 
     def candidate_inputs(self, name: str, slot: str) -> dict[str, Any]:
         """The plan, every earlier slot's result (for ranks and budget) and, for real data, the cache."""
@@ -81,7 +94,7 @@ class TuningPlan:
             raise ConfigError(f"tuning slot '{slot}' is not in profile {name}: {', '.join(slots)}")
         earlier = slots[: slots.index(slot)]
         inputs: dict[str, Any] = {
-            "plan": f"{tuning_dir(name)}/plan.json",
+            "plan": fill(TUNING_PLAN, profile=name),
             "earlier": [self.candidate(name, s) for s in earlier],
         }
         if self.profiles[name]["data_mode"] == "real":
@@ -92,15 +105,21 @@ class TuningPlan:
         return [self.candidate(name, slot) for slot in self.slot_names(name)]
 
     def targets(self) -> list[str]:
-        return [tuning_selected(name) for name in self.default_profiles]
+        return [fill(TUNING_SELECTED, profile=name) for name in self.default_profiles]
 
     def size(self, name: str) -> str:
-        self.check_profile(name, tuning_selected(name))
+        self.check_profile(name, fill(TUNING_SELECTED, profile=name))
         return self.profiles[name]["size"]
 
-    def candidate_runtime_minutes(self, name: str) -> int:
-        """The candidate timeout plus start-up and compilation slack."""
-        return int(self.profiles[name]["candidate_timeout_seconds"] // 60) + 10
+    def resources(self, wildcards: Any) -> Resources:
+        """A candidate (a timed job): its size's threads, memory and device; the candidate timeout plus
+        start-up and compilation slack."""
+        size = self.book.size_resources(self.size(wildcards.profile))
+        minutes = int(self.profiles[wildcards.profile]["candidate_timeout_seconds"] // 60) + 10
+        return Resources(size.threads, size.mem_mb, minutes, size.gpu, timed=True)
+
+    def cache_tokens_needed(self) -> list[int]:
+        return []  # a candidate measures a few updates; the cache holds far more for any training run
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:
