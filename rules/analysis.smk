@@ -24,17 +24,17 @@ rule analyze_checkpoint:
         cache=ancient(PLAN.data.cache_dir),
     output:
         ANALYSIS_JOB,
+    log:
+        "logs/analyze_checkpoint/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}.log",
+    conda:
+        "../envs/torch.yaml"
+    threads: PLAN.threads("analysis")
+    resources:
+        **PLAN.resources("analysis"),
     params:
         source=analysed_run_source,
         flags=analysis_flags,
         outdir=output_parent,
-    log:
-        "logs/analyze_checkpoint/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}.log",
-    threads: PLAN.threads("analysis")
-    resources:
-        **PLAN.resources("analysis"),
-    conda:
-        "../envs/torch.yaml"
     shell:
         "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint_name} {params.flags} "
         "--threads {threads} --output {params.outdir} > {log} 2>&1"
@@ -64,14 +64,14 @@ rule summarize_analysis:
             category="Second-order analysis",
             subcategory="{analysed_run}",
         ),
-    params:
-        outdir=output_parent,
-        metrics=analysis_metrics,
     log:
         "logs/summarize_analysis/{analysed_run}/{settings_tag}.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        outdir=output_parent,
+        metrics=analysis_metrics,
     shell:
         "python -m tiny_llm analysis-summary --inputs {input} --output-dir {params.outdir} "
         "{params.metrics} > {log} 2>&1"

@@ -28,16 +28,16 @@ rule plan_campaign:
         ),
         templates=PLAN.campaign.templates(),
         recipes=PLAN.campaign.recipes("stage1"),
-    params:
-        plan_files=plan_file_digest,
-        estimate=PLAN.campaign.estimate_text,
     log:
         "logs/plan_campaign/campaign.log",
-    message:
-        "Plan the campaign in {CAMPAIGN_ROOT}; GPU-hour estimate (training only):\n{params.estimate}"
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        plan_files=plan_file_digest,
+        estimate=PLAN.campaign.estimate_text,
+    message:
+        "Plan the campaign in {CAMPAIGN_ROOT}; GPU-hour estimate (training only):\n{params.estimate}"
     shell:
         # tee: the GPU-hour estimate is printed before any run starts, and kept in the log
         "python -m tiny_llm campaign plan --settings {input.settings} 2>&1 | tee {log}"
@@ -49,18 +49,18 @@ rule train_campaign:
         cache=ancient(PLAN.data.cache_dir),
     output:
         CAMPAIGN_FILES.result,
-    params:
-        numerics=NUMERICS_VERSION,
-        threads=campaign_thread_flags,
     log:
         "logs/train_campaign/{stage}/{run}.log",
-    threads: PLAN.threads("campaign")
-    resources:
-        **PLAN.resources("campaign"),
     wildcard_constraints:
         stage=r"stage\d+",
     conda:
         "../envs/torch.yaml"
+    threads: PLAN.threads("campaign")
+    resources:
+        **PLAN.resources("campaign"),
+    params:
+        numerics=NUMERICS_VERSION,
+        threads=campaign_thread_flags,
     shell:
         # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
         "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto --record-divergence "
@@ -75,8 +75,6 @@ rule select_run:
         template=campaign_template,
     output:
         CAMPAIGN_FILES.recipe,
-    params:
-        stage=campaign_stage_number,
     log:
         "logs/select_run/{stage}/{run}.log",
     wildcard_constraints:
@@ -84,6 +82,8 @@ rule select_run:
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        stage=campaign_stage_number,
     shell:
         "python -m tiny_llm campaign select --settings {input.settings} --stage {params.stage} "
         "--run {wildcards.run} > {log} 2>&1"
@@ -95,8 +95,6 @@ rule rank_stage:
         results=campaign_stage_results,
     output:
         CAMPAIGN_FILES.ranking,
-    params:
-        stage=campaign_stage_number,
     log:
         "logs/rank_stage/{stage}.log",
     wildcard_constraints:
@@ -104,6 +102,8 @@ rule rank_stage:
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        stage=campaign_stage_number,
     shell:
         "python -m tiny_llm campaign rank --settings {input.settings} --stage {params.stage} > {log} 2>&1"
 
@@ -133,14 +133,14 @@ rule report_campaign:
             caption="../report/campaign-curves.rst",
             category="Recipe campaign",
         ),
-    params:
-        runs=campaign_root,
-        outdir=output_parent,
-        sizes=PLAN.campaign.report_flags(),
     log:
         "logs/report_campaign/campaign.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        runs=campaign_root,
+        outdir=output_parent,
+        sizes=PLAN.campaign.report_flags(),
     shell:
         "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} {params.sizes} > {log} 2>&1"

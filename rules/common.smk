@@ -125,7 +125,10 @@ def all_candidates(wildcards) -> list[str]:
 
 
 def campaign_plan_inputs(wildcards) -> dict:
-    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.data.cache_dir)}
+    return {
+        "settings": ancient(PLAN.campaign.settings_file),
+        **PLAN.campaign.plan_inputs(PLAN.data.cache_dir),
+    }
 
 
 def campaign_stage_number(wildcards) -> int:

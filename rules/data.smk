@@ -6,12 +6,12 @@
 rule build_corpus:
     output:
         directory(CORPUS_DIR),
-    params:
-        validation_fraction=config["data"]["validation_fraction"],
     log:
         "logs/build_corpus/corpus.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        validation_fraction=config["data"]["validation_fraction"],
     shell:
         "python -m tiny_llm build-demo-corpus --output {output} "
         "--validation-fraction {params.validation_fraction} > {log} 2>&1"
@@ -22,12 +22,12 @@ rule train_tokenizer:
         corpus=PLAN.book.corpus_dataset(),
     output:
         directory(TOKENIZER_DIR),
-    params:
-        vocab_size=PLAN.data.tokenizer_vocab_size(),
     log:
         "logs/train_tokenizer/tokenizer.log",
     conda:
         "../envs/torch.yaml"
+    params:
+        vocab_size=PLAN.data.tokenizer_vocab_size(),
     shell:
         "python -m tiny_llm train-tokenizer --input {input.corpus} --vocab-size {params.vocab_size} "
         "--output {output} > {log} 2>&1"
@@ -38,14 +38,14 @@ rule prepare_cache:
         unpack(prepare_inputs),
     output:
         directory(PLAN.data.cache_dir),
-    params:
-        plan_files=plan_file_digest,
     log:
         "logs/prepare_cache/cache.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("data")
     resources:
         **PLAN.resources("data"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
     shell:
         "python -m tiny_llm prepare --config {input.recipe} > {log} 2>&1"

@@ -20,17 +20,17 @@ rule export_run:
         prompts=ancient(EXPORT_PROMPTS),
     output:
         directory(EXPORT_RUN),
+    log:
+        "logs/export_run/{run}.log",
+    conda:
+        "../envs/torch.yaml"
+    threads: PLAN.threads("export")
+    resources:
+        **PLAN.resources("export"),
     params:
         run_dir=input_parent,
         plan_files=plan_file_digest,
         dtype=config["export"]["dtype"],
-    log:
-        "logs/export_run/{run}.log",
-    threads: PLAN.threads("export")
-    resources:
-        **PLAN.resources("export"),
-    conda:
-        "../envs/torch.yaml"
     shell:
         "python -m tiny_llm export --run {params.run_dir} --prompts {input.prompts} --dtype {params.dtype} "
         "--output {output} > {log} 2>&1"
@@ -42,16 +42,16 @@ rule export_best:
         prompts=ancient(EXPORT_PROMPTS),
     output:
         directory(EXPORT_BEST),
-    params:
-        plan_files=plan_file_digest,
-        dtype=config["export"]["dtype"],
     log:
         "logs/export_best/{size}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("export")
     resources:
         **PLAN.resources("export"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
+        dtype=config["export"]["dtype"],
     shell:
         "python -m tiny_llm export --best-of {input.ranking} --prompts {input.prompts} --dtype {params.dtype} "
         "--output {output} > {log} 2>&1"
@@ -73,12 +73,12 @@ rule report_exports:
         ),
         table=EXPORTS_TABLE,
         json=EXPORTS_JSON,
-    params:
-        outdir=output_parent,
     log:
         "logs/report_exports/exports.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        outdir=output_parent,
     shell:
         "python -m tiny_llm samples --exports {input} --output-dir {params.outdir} > {log} 2>&1"

@@ -25,16 +25,16 @@ rule train_packed:
         cache=PLAN.data.cache_dir,
     output:
         PACKED_RESULT,
-    params:
-        plan_files=plan_file_digest,
-        numerics=NUMERICS_VERSION,
     log:
         "logs/train_packed/{packed_run}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("packed")
     resources:
         **PLAN.resources("packed"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
+        numerics=NUMERICS_VERSION,
     shell:
         "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
         "> {log} 2>&1"
@@ -45,16 +45,16 @@ rule bench_packed:
         recipe=ancient(PACKED_BENCH_RECIPE),
     output:
         PACKED_BENCH_RESULT,
-    params:
-        plan_files=plan_file_digest,
-        protocol=PLAN.packed.bench_protocol(),
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("packed")  # locally all cores: nothing runs beside a timed job
     resources:
         **PLAN.resources("packed"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
+        protocol=PLAN.packed.bench_protocol(),
     shell:
         "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --execution {wildcards.execution} "
         "{params.protocol} --output {output} > {log} 2>&1"
@@ -96,13 +96,13 @@ rule report_packed:
             caption="../report/packed-curves.rst",
             category="Packed training",
         ),
-    params:
-        runs=runs_root,
-        outdir=output_parent,
     log:
         "logs/report_packed/packed.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        runs=runs_root,
+        outdir=output_parent,
     shell:
         "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"

@@ -5,12 +5,12 @@
 rule write_plan_file:
     output:
         "{plan_file}",
-    params:
-        content=plan_file_content,
     log:
         "logs/write_plan_file/{plan_file}.log",
     wildcard_constraints:
         plan_file=PLAN.files.pattern(),
     localrule: True
+    params:
+        content=plan_file_content,
     run:
         write_plan_file(output[0], params.content, log=log[0])

@@ -11,16 +11,16 @@ rule train_run:
         cache=PLAN.data.cache_dir,
     output:
         RUN_RESULT,
-    params:
-        plan_files=plan_file_digest,
-        numerics=NUMERICS_VERSION,
     log:
         "logs/train_run/{run}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("runs")
     resources:
         **PLAN.resources("runs"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
+        numerics=NUMERICS_VERSION,
     shell:
         "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
         "> {log} 2>&1"
@@ -31,16 +31,16 @@ rule evaluate_run:
         result=RUN_RESULT,
     output:
         RUN_EVALUATION,
-    params:
-        run_dir=input_parent,
-        full=run_evaluate_flags,
     log:
         "logs/evaluate_run/{run}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("runs")
     resources:
         **PLAN.resources("runs"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        run_dir=input_parent,
+        full=run_evaluate_flags,
     shell:
         "python -m tiny_llm evaluate --run {params.run_dir} {params.full} --output {output} > {log} 2>&1"
 
@@ -61,13 +61,13 @@ rule plot_curves:
             caption="../report/learning-curves.rst",
             category="Training runs",
         ),
-    params:
-        runs=runs_root,
-        outdir=output_parent,
     log:
         "logs/plot_curves/runs.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        runs=runs_root,
+        outdir=output_parent,
     shell:
         "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"

@@ -16,13 +16,13 @@ rule plan_tuning:
         profile=tuning_profile,
     output:
         TUNING_PLAN,
-    params:
-        plan_files=plan_file_digest,
     log:
         "logs/plan_tuning/{profile}.log",
     localrule: True
     conda:
         "../envs/torch.yaml"
+    params:
+        plan_files=plan_file_digest,
     shell:
         "python -m tiny_llm tune plan --name {wildcards.profile} --profile @{input.profile} --output {output} "
         "> {log} 2>&1"
@@ -33,15 +33,15 @@ rule bench_candidate:
         unpack(candidate_inputs),
     output:
         TUNING_CANDIDATE,
-    params:
-        results=tuning_results,
     log:
         "logs/bench_candidate/{profile}-{slot}.log",
+    conda:
+        "../envs/torch.yaml"
     threads: PLAN.threads("tuning")  # locally all cores: nothing runs beside a timed job
     resources:
         **PLAN.resources("tuning"),
-    conda:
-        "../envs/torch.yaml"
+    params:
+        results=tuning_results,
     shell:
         "python -m tiny_llm tune candidate --plan {input.plan} --slot {wildcards.slot} "
         "--results-dir {params.results} > {log} 2>&1"
@@ -60,13 +60,13 @@ rule select_tuning:
             category="Tuning",
             subcategory="{profile}",
         ),
-    params:
-        results=tuning_results,
     log:
         "logs/select_tuning/{profile}.log",
     localrule: True
     conda:
         "../envs/report.yaml"
+    params:
+        results=tuning_results,
     shell:
         "python -m tiny_llm tune select --plan {input.plan} --results-dir {params.results} "
         "--plot {output.plot} > {log} 2>&1"

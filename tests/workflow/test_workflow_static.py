@@ -194,3 +194,25 @@ def test_timed_jobs_take_every_core_so_nothing_runs_beside_them(tmp_path: Path) 
     assert timed and training
     assert all(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in timed)
     assert not any(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in training)  # 1 is not printed
+
+
+def test_stages_are_switched_off_by_their_targets_only() -> None:
+    """Every rule is always defined (none inside an `if`, none disabled by an impossible wildcard constraint):
+    a stage that is off has no targets, so nothing asks for its rules."""
+    for path in [SNAKEFILE, *sorted((REPO / "rules").glob("*.smk"))]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"^[ \t]+(rule|checkpoint) \w+:", text, re.MULTILINE), path.name
+        assert "(?!)" not in text, path.name
+    for path in sorted((REPO / "tiny_llm" / "pipeline").glob("*.py")):
+        assert "(?!)" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_a_config_without_a_campaign_still_defines_its_rules(tmp_path: Path) -> None:
+    proc = snakemake(tmp_path, write_config(tmp_path / "tiny.yaml", tiny_config()), "--list-rules")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rules = set(proc.stdout.split())
+    assert {"plan_campaign", "train_campaign", "select_run", "rank_stage", "report_campaign"} <= rules
+    assert {"export_best", "analyze_checkpoint", "bench_packed"} <= rules
+    proc = snakemake(tmp_path, tmp_path / "tiny.yaml", "-n", "campaign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert set(job_counts(proc.stdout)) == {"campaign", "total"}  # the target alone: no campaign job

@@ -41,8 +41,8 @@ class PlanFiles:
         return " ".join(self.digest(path) for path in paths if path in self._content)
 
     def pattern(self) -> str:
-        """A wildcard constraint matching exactly these paths (and nothing when there are none)."""
-        return "|".join(re.escape(path) for path in sorted(self._content)) or "(?!)"
+        """A wildcard constraint matching exactly these paths (there is always one: the export prompts)."""
+        return "|".join(re.escape(path) for path in sorted(self._content))
 
 
 def write_plan_file(path: str | Path, content: Mapping[str, Any], log: str | Path | None = None) -> None:

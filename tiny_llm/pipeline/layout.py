@@ -104,7 +104,6 @@ class CampaignLayout:
     recipe: str = "{campaign}/{stage}/{run}/recipe.yaml"
     result: str = "{campaign}/{stage}/{run}/result.json"
     ranking: str = "{campaign}/{stage}/ranking.json"
-    report_dir: str = "{campaign}/report"
     selected: str = "{campaign}/report/selected-{size}.yaml"
     report_table: str = "{campaign}/report/report.md"
     report_table_html: str = "{campaign}/report/table.html"
