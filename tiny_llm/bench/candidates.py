@@ -1,7 +1,7 @@
-"""Tuning profiles and the staged candidate plan (torch-free; the Snakefile imports it).
+"""Tuning profiles and the staged candidate schedule (torch-free; the Snakefile imports it).
 
-A profile fixes a base recipe, a device kind and a candidate space. The plan is
-a fixed, ordered list of *slots*: stage 1 lists concrete settings, later stages
+A profile fixes a base recipe, a device kind and a candidate space. The schedule
+(plan.json) is a fixed, ordered list of *slots*: stage 1 lists concrete settings, later stages
 apply variants to the parent of a given *rank* among everything measured
 before them (top 2, then the best). Because slots name ranks, not settings,
 every file of the tuning DAG is known before anything runs.
@@ -57,7 +57,7 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class Slot:
-    """One candidate job of the plan."""
+    """One candidate job of the schedule."""
 
     name: str
     stage: int
@@ -217,7 +217,7 @@ def slot_names(profile: TuningProfile) -> list[str]:
     return [s.name for s in make_slots(profile, base_recipe(profile))]
 
 
-# ----------------------------------------------------------------------------- plan
+# ----------------------------------------------------------------------------- schedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +231,7 @@ class Protocol:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class TuningSchedule:
     """Everything a candidate job needs; written once as plan.json."""
 
     profile: str
@@ -257,9 +257,9 @@ class Plan:
         raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}")
 
 
-def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -> Plan:
+def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -> TuningSchedule:
     recipe = base_recipe(profile)
-    return Plan(
+    return TuningSchedule(
         profile=profile.name,
         space=profile.space,
         base_recipe=recipe_to_dict(recipe),
@@ -276,9 +276,9 @@ def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -
     )
 
 
-def plan_from_dict(data: dict[str, Any]) -> Plan:
+def plan_from_dict(data: dict[str, Any]) -> TuningSchedule:
     slots = [Slot(**s) for s in data["slots"]]
-    return Plan(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
+    return TuningSchedule(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
 
 
 # ----------------------------------------------------------------------------- recipes, identity, ranking

@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.bench.candidates import (
-    Plan,
     Slot,
+    TuningSchedule,
     apply_overrides,
     candidate_identity,
     rank_results,
@@ -58,7 +58,7 @@ def candidate_paths(results_dir: str | Path, slot: str) -> dict[str, Path]:
     }
 
 
-def earlier_results(plan: Plan, results_dir: str | Path, slot: str) -> list[dict[str, Any]]:
+def earlier_results(plan: TuningSchedule, results_dir: str | Path, slot: str) -> list[dict[str, Any]]:
     """Results of every slot before ``slot`` in plan order (they must exist)."""
     out = []
     for other in plan.slots:
@@ -75,7 +75,9 @@ def budget_used(results: list[dict[str, Any]]) -> float:
     return sum(float(r.get("wall_seconds") or 0.0) for r in results)
 
 
-def _parent(slot: Slot, plan: Plan, earlier: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+def _parent(
+    slot: Slot, plan: TuningSchedule, earlier: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, str]:
     """(parent result, reason if missing); stage-1 slots have the base recipe as parent."""
     if slot.parent_rank is None:
         return None, ""
@@ -104,7 +106,7 @@ def _base_record(slot: Slot, parent: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def run_candidate(plan: Plan, slot_name: str, results_dir: str | Path) -> dict[str, Any]:
+def run_candidate(plan: TuningSchedule, slot_name: str, results_dir: str | Path) -> dict[str, Any]:
     """Measure (or reuse, or skip) one slot and write its result JSON; returns the result."""
     slot = plan.slot(slot_name)
     paths = candidate_paths(results_dir, slot.name)
@@ -140,7 +142,7 @@ def _reuse(record: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     return {**record, **copied, "reused_from": twin.get("reused_from") or twin["name"], "wall_seconds": 0.0}
 
 
-def worker_command(plan: Plan, paths: dict[str, Path]) -> list[str]:
+def worker_command(plan: TuningSchedule, paths: dict[str, Path]) -> list[str]:
     base = plan.worker_command or [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
     p = plan.protocol
     cmd = [
@@ -163,7 +165,7 @@ def worker_command(plan: Plan, paths: dict[str, Path]) -> list[str]:
     return cmd
 
 
-def _measure(plan: Plan, paths: dict[str, Path], timeout: float) -> dict[str, Any]:
+def _measure(plan: TuningSchedule, paths: dict[str, Path], timeout: float) -> dict[str, Any]:
     """Run the worker with a timeout; translate its outcome into result fields."""
     with contextlib.suppress(FileNotFoundError):
         paths["worker"].unlink()  # a stale output must not pass for this run's
@@ -245,7 +247,7 @@ def _terminate_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _finish(plan: Plan, results_dir: str | Path, paths: dict[str, Path], record: dict[str, Any]):
+def _finish(plan: TuningSchedule, results_dir: str | Path, paths: dict[str, Path], record: dict[str, Any]):
     atomic_write_json(paths["result"], record)
     write_progress(plan, results_dir)
     return record
@@ -254,7 +256,7 @@ def _finish(plan: Plan, results_dir: str | Path, paths: dict[str, Path], record:
 # ----------------------------------------------------------------------------- progress and summary
 
 
-def collect_results(plan: Plan, results_dir: str | Path) -> list[dict[str, Any]]:
+def collect_results(plan: TuningSchedule, results_dir: str | Path) -> list[dict[str, Any]]:
     """Results that exist so far, in plan order."""
     out = []
     for slot in plan.slots:
@@ -282,7 +284,7 @@ def _compact(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in keys}
 
 
-def write_progress(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+def write_progress(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
     results = collect_results(plan, results_dir)
     used = budget_used(results)
     ranked = rank_results(results)
@@ -301,7 +303,7 @@ def write_progress(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
     return progress
 
 
-def summarize(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+def summarize(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
     """summary.json content: {selected, candidates, budget_minutes, budget_exhausted, ...}."""
     results = collect_results(plan, results_dir)
     missing = [s.name for s in plan.slots if s.name not in {r["name"] for r in results}]
@@ -325,7 +327,9 @@ def summarize(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def select(plan: Plan, results_dir: str | Path, output_dir: str | Path | None = None) -> dict[str, Any]:
+def select(
+    plan: TuningSchedule, results_dir: str | Path, output_dir: str | Path | None = None
+) -> dict[str, Any]:
     """Write summary.json, progress.json and selected.yaml (the fastest successful candidate's recipe)."""
     out = Path(output_dir or results_dir)
     summary = summarize(plan, results_dir)
@@ -346,7 +350,7 @@ def select(plan: Plan, results_dir: str | Path, output_dir: str | Path | None = 
     return summary
 
 
-def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
+def run_all(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
     """The whole tuning in one process (each candidate still its own worker process)."""
     for slot in plan.slots:
         if not candidate_paths(results_dir, slot.name)["result"].is_file():

@@ -71,7 +71,7 @@ from tiny_llm.campaign.stages import (
     template_path,
 )
 from tiny_llm.campaign.steps import (
-    Plan,
+    PlannedCampaign,
     cache_identity_of,
     campaign_record,
     estimate_only,
@@ -100,7 +100,7 @@ __all__ = [
     "CampaignChangedError",
     "CampaignConfig",
     "ConfigurationOutcome",
-    "Plan",
+    "PlannedCampaign",
     "PlannedConfiguration",
     "PlannedRun",
     "RunOutcome",

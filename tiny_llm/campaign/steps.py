@@ -73,7 +73,7 @@ def cache_identity_of(template: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlannedCampaign:
     """Everything the plan step writes."""
 
     templates: dict[str, dict[str, Any]]
@@ -92,12 +92,14 @@ def estimate_only(config: CampaignConfig) -> dict[str, Any]:
     return gpu_hour_estimate(config, templates, planned_throughput(config))
 
 
-def make_plan(config: CampaignConfig) -> Plan:
+def make_plan(config: CampaignConfig) -> PlannedCampaign:
     templates = load_templates(config)
     caches = {size: cache_identity_of(t) for size, t in templates.items()}
     payload = campaign_identity_payload(config, templates, caches)
     estimate = gpu_hour_estimate(config, templates, planned_throughput(config))
-    return Plan(templates, payload, stage1_recipes(config, templates[config.stages[0].size]), estimate)
+    return PlannedCampaign(
+        templates, payload, stage1_recipes(config, templates[config.stages[0].size]), estimate
+    )
 
 
 def precheck(config: CampaignConfig) -> None:
@@ -112,7 +114,7 @@ def precheck(config: CampaignConfig) -> None:
     check_unchanged(config.root, campaign_identity_payload(config, templates, caches))
 
 
-def campaign_record(config: CampaignConfig, plan: Plan) -> dict[str, Any]:
+def campaign_record(config: CampaignConfig, plan: PlannedCampaign) -> dict[str, Any]:
     """campaign.json: identity, settings, templates, every run id and the GPU-hour estimate."""
     return {
         "identity": campaign_identity(plan.payload),
