@@ -113,8 +113,8 @@ def tuning_results(wildcards) -> str:
     return PLAN.tuning.results_dir(wildcards.profile)
 
 
-def tuning_plan(wildcards) -> str:
-    return or_exit(PLAN.tuning.plan_file, wildcards.profile, Path(workflow.basedir) / "config")
+def tuning_schedule(wildcards) -> str:
+    return or_exit(PLAN.tuning.schedule_file, wildcards.profile, Path(workflow.basedir) / "config")
 
 
 def all_candidates(wildcards) -> list[str]:

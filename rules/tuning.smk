@@ -49,7 +49,7 @@ rule bench_candidate:
 
 rule select_tuning:
     input:
-        plan=tuning_plan,
+        plan=tuning_schedule,
         candidates=all_candidates,
     output:
         selected=TUNING_SELECTED,

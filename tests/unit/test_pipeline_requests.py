@@ -47,14 +47,14 @@ def test_timed_jobs_take_every_local_core() -> None:
 def test_an_undefined_tuning_profile_names_the_config_that_defines_it() -> None:
     plan = plan_of(shipped("workflow_config.yaml"))
     with pytest.raises(ConfigError) as err:
-        plan.tuning.plan_file("gh200", REPO / "config")
+        plan.tuning.schedule_file("gh200", REPO / "config")
     message = str(err.value)
     assert "\n" not in message
     assert "tuning profile 'gh200' is not in this workflow config (cpu)" in message
     assert "snakemake --configfile config/cluster.yaml results/gh200-tuning/selected.yaml" in message
     with pytest.raises(ConfigError, match="define it under tuning.profiles"):
-        plan.tuning.plan_file("nowhere", REPO / "config")
-    assert plan.tuning.plan_file("cpu", REPO / "config") == "results/cpu-tuning/plan.json"
+        plan.tuning.schedule_file("nowhere", REPO / "config")
+    assert plan.tuning.schedule_file("cpu", REPO / "config") == "results/cpu-tuning/plan.json"
 
 
 def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,8 +58,8 @@ class TuningPlan:
         rest = {key: value for key, value in spec.items() if key not in WORKFLOW_KEYS}
         return {**rest, "configs": [self.book.sizes[size]["preset"]], "sets": sets}
 
-    def plan_file(self, name: str, config_dir: Path) -> str:
-        """plan.json of a profile; for an undefined one, one line naming the config file that defines it."""
+    def schedule_file(self, name: str, config_dir: Path) -> str:
+        """A profile's schedule (plan.json); for an undefined one, a line naming the config defining it."""
         if name not in self.profiles:
             target = fill(TUNING_SELECTED, profile=name)
             where = [path for path in sorted(config_dir.glob("*.yaml")) if name in _profiles_in(path)]
