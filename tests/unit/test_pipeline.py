@@ -302,3 +302,31 @@ def test_pipeline_imports_neither_torch_nor_snakemake() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_run_dir_is_the_final_state_with_the_runs_recipe(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args, capsys: pytest.CaptureFixture
+) -> None:
+    """The evaluate_run rule's `evaluate --run DIR` = `--config DIR/resolved.yaml --checkpoint DIR/final.pt`:
+    the rule need not know what a run directory holds."""
+    from train_helpers import TIMING_KEYS, small_recipe
+
+    from tiny_llm.cli import main
+    from tiny_llm.io import read_json
+    from tiny_llm.runner import run_training
+
+    run_dir = tmp_path / "run"
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.tokens_per_parameter=0.1")
+    assert run_training(recipe, quiet=True) == 0
+    by_run, by_files = tmp_path / "by-run.json", tmp_path / "by-files.json"
+    assert main(["evaluate", "--run", str(run_dir), "--output", str(by_run)]) == 0
+    files = ["--config", str(run_dir / "resolved.yaml"), "--checkpoint", str(run_dir / "final.pt")]
+    assert main(["evaluate", *files, "--output", str(by_files)]) == 0
+    results = [{k: v for k, v in read_json(p).items() if k not in TIMING_KEYS} for p in (by_run, by_files)]
+    assert results[0] == results[1] and results[0]["split"] == "subset"
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run_dir), *files]) == 2
+    assert "give exactly one of --checkpoint (with --config) or --run DIR" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(tmp_path)]) == 2
+    assert "is not a run directory (no resolved.yaml)" in capsys.readouterr().err
