@@ -2,10 +2,9 @@
 # Every (run, checkpoint, data case) is one job, so a cluster runs them side by side and a rerun skips finished
 # ones; a killed job resumes at its next sample (its samples/ and state live beside result.json).
 #
-# results/analysis/<analysed_run>/<settings_tag>/<checkpoint_name>-<case>/result.json   statistics of one job
-#                                                              (manifest.json beside)
-# results/analysis/<analysed_run>/<settings_tag>/{summary.csv, manifest.json, alignment.png, noise-alignment.png,
-#                                                norms.png}
+# results/analysis/<analysed_run>/<settings_tag>/
+#     <checkpoint_name>-<case>/result.json     statistics of one job (manifest.json beside)
+#     {summary.csv, manifest.json, alignment.png, noise-alignment.png, norms.png}     the run's summary
 #
 # <settings_tag> names the measured settings (s32-r32-seed42, ...): other settings go to a new directory;
 # <checkpoint_name> is a saved state of the run (epoch-003, final). Paths: tiny_llm/pipeline/layout.py.
