@@ -23,7 +23,8 @@ LAYER_RANKS = {
     "packed": 2,  # the packed engine and its parts
     "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
     "analysis": 3,  # second-order analysis of saved states (stands on data, runtime, train, packed)
-    "bench": 4,  # benchmark workers, tuner, summaries
+    "bench": 4,  # benchmark workers, the packed benchmark, profiling
+    "tuning": 4,  # the staged throughput tuner (runs the benchmark worker as a process)
     "export": 4,  # Hugging Face export, generation, sample tables
     "pipeline": 5,  # the workflow plan
     "commands": 6,  # the CLI (tiny_llm.cli, tiny_llm.__main__, tiny_llm.commands.*)

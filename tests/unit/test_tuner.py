@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tiny_llm.bench import tuner
-from tiny_llm.bench.candidates import make_plan, make_slots, profile_from_dict, rank_results
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import RunStateError, TinyLLMError
+from tiny_llm.tuning import tuner
+from tiny_llm.tuning.candidates import make_plan, make_slots, profile_from_dict, rank_results
 
 # Throughput = micro x (3 if compiled) x attention factor x thread factor; behaviour knobs come
 # from FAKE_WORKER (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
@@ -272,3 +272,25 @@ def test_throughput_plot_has_a_legend_for_each_kind_of_candidate():
     fig = tuner.draw_summary(summary)
     assert "timed out" in [t.get_text() for t in fig.legends[0].get_texts()]
     plt.close(fig)
+
+
+def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake, monkeypatch, capsys):
+    from tiny_llm.cli import main
+    from tiny_llm.tuning import candidates
+
+    worker = fake()
+    monkeypatch.setattr(candidates, "make_plan", lambda profile: make_plan(profile, worker_command=worker))
+    profile = json.dumps({"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1]})
+    argv = ["tune", "run", "--name", "c", "--profile", profile, "--results-dir", str(tmp_path / "out")]
+    assert main(argv) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    plan = candidates.plan_from_dict(json.loads((tmp_path / "out" / "plan.json").read_text()))
+    assert [x["name"] for x in lines[:-1]] == [s.name for s in plan.slots]
+    assert lines[-1] == {
+        "selected": tuner.summarize(plan, tmp_path / "out")["selected"]["name"],
+        "budget_exhausted": False,
+    }
+    measured = len(calls(tmp_path))
+    assert main(argv) == 0  # every slot has its result: nothing is measured again
+    assert len(calls(tmp_path)) == measured
+    assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines[-1:]

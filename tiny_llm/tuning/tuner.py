@@ -16,13 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tiny_llm.bench.candidates import (
+from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
+from tiny_llm.tuning.candidates import (
     Plan,
     Slot,
     apply_overrides,
@@ -30,8 +32,6 @@ from tiny_llm.bench.candidates import (
     rank_results,
     tuned_settings,
 )
-from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
-from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
 
 KILL_GRACE_SECONDS = 5.0
 REBUILD_CANDIDATE = "delete it and rerun the same command: that candidate is measured again"
@@ -346,11 +346,21 @@ def select(plan: Plan, results_dir: str | Path, output_dir: str | Path | None = 
     return summary
 
 
+def run_slots(
+    plan: Plan, results_dir: str | Path, on_result: Callable[[dict[str, Any]], None] | None = None
+) -> None:
+    """Run every slot without a result yet, in plan order; ``on_result`` sees each new result."""
+    for slot in plan.slots:
+        if candidate_paths(results_dir, slot.name)["result"].is_file():
+            continue  # finished by an earlier, interrupted invocation
+        result = run_candidate(plan, slot.name, results_dir)
+        if on_result is not None:
+            on_result(result)
+
+
 def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
     """The whole tuning in one process (each candidate still its own worker process)."""
-    for slot in plan.slots:
-        if not candidate_paths(results_dir, slot.name)["result"].is_file():
-            run_candidate(plan, slot.name, results_dir)
+    run_slots(plan, results_dir)
     return select(plan, results_dir)
 
 
