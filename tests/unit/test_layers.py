@@ -15,7 +15,7 @@ import tiny_llm
 PACKAGE_DIR = Path(tiny_llm.__file__).parent
 
 # Higher layers may import lower ones; a layer never imports a higher one or a sibling of its own rank.
-# Modules outside these groups (config, budget, model, io, errors, data, campaign, report, ...) are core.
+# Modules outside these groups (config, budget, model, io, errors, data, campaign, plotting, ...) are core.
 LAYER_RANKS = {
     "core": 0,
     "runtime": 1,  # device, environment, signals, optimizer helpers, MFU, the engine contract
@@ -23,6 +23,7 @@ LAYER_RANKS = {
     "packed": 2,  # the packed engine and its parts
     "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
     "analysis": 3,  # second-order analysis of saved states (stands on data, runtime, train, packed)
+    "report": 3,  # comparison report of finished runs (reads metrics as train writes them; torch-free)
     "bench": 4,  # benchmark workers, the packed benchmark, profiling
     "tuning": 4,  # the staged throughput tuner (runs the benchmark worker as a process)
     "export": 4,  # Hugging Face export, generation, sample tables
