@@ -23,11 +23,9 @@ from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
 from tiny_llm.errors import DiskFullError, RunStateError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
-from tiny_llm.model import count_parameters, loss_sum
+from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
-    compute_context,
-    dispatched_attention_kernels,
     peak_memory_bytes,
     pin_for,
     reset_peak_memory,
@@ -171,27 +169,10 @@ class Trainer:
             parameters=count_parameters(self.engine.eval_model()),
             cache_identity=self.cache.identity,
             recipe_identity=self.identity,
-            attention_kernels=self._attention_kernels(),
+            attention_kernels=self.engine.attention_kernels(),
             compiled=uses_compile(self.recipe),
         )
         atomic_write_json(self.run_dir / "environment.json", env)
-
-    def _attention_kernels(self) -> list[str]:
-        """One profiled eager forward+backward on a single block; gradients are discarded."""
-        if hasattr(self.engine, "attention_kernels"):  # an engine that probes its own update (packed)
-            return self.engine.attention_kernels()
-        model = self.engine.eval_model()
-        if not isinstance(model, torch.nn.Module) or self.recipe.decentralized is not None:
-            return []
-        block = torch.zeros(1, self.recipe.model.context_length + 1, dtype=torch.long, device=self.device)
-
-        def run() -> None:
-            with compute_context(self.recipe, self.device):
-                loss_sum(model, block[:, :-1], block[:, 1:]).backward()
-
-        kernels = dispatched_attention_kernels(run)
-        model.zero_grad(set_to_none=False)  # in place: an engine keeps its gradient tensors
-        return kernels
 
     # ------------------------------------------------------------------ the loop
 
@@ -448,7 +429,7 @@ class Trainer:
             "peak_memory_bytes": p.peak_memory_bytes,
             "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
             "recipe_identity": self.identity,
-            **(self.engine.result_fields(p.tokens) if hasattr(self.engine, "result_fields") else {}),
+            **self.engine.result_fields(p.tokens),
         }
 
     def _write_status(self, status: str, **extra: Any) -> None:
