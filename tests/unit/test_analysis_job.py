@@ -29,9 +29,9 @@ from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.budget import make_budget
 from tiny_llm.config import load_recipe
 from tiny_llm.data.cache import open_cache
+from tiny_llm.engines import build_engine
 from tiny_llm.errors import DataError, RunStateError
 from tiny_llm.model import Llama
-from tiny_llm.runner import build_engine
 from tiny_llm.train import checkpoint, loop
 
 FAST = {"noise_samples": 3, "random_samples": 2, "directions_per_pass": 4}

@@ -19,9 +19,9 @@ from train_helpers import metric_rows, small_recipe
 
 from tiny_llm import campaign
 from tiny_llm.cli import main
+from tiny_llm.engines import run_training
 from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
 from tiny_llm.io import atomic_write_text, read_json, read_yaml
-from tiny_llm.runner import run_training
 from tiny_llm.runtime import signals
 from tiny_llm.train import checkpoint, loop
 

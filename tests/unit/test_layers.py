@@ -21,7 +21,7 @@ LAYER_RANKS = {
     "runtime": 1,  # device, environment, signals, optimizer helpers, MFU, the engine contract
     "train": 2,  # the ordinary engine, the training loop, checkpoints, metrics, evaluation
     "packed": 2,  # the packed engine and its parts
-    "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
+    "engines": 3,  # which engine a recipe needs; the training and evaluation entry points
     "analysis": 3,  # second-order analysis of saved states (stands on data, runtime, train, packed)
     "report": 3,  # comparison report of finished runs (reads metrics as train writes them; torch-free)
     "bench": 4,  # benchmark workers, the packed benchmark, profiling
@@ -30,7 +30,7 @@ LAYER_RANKS = {
     "pipeline": 5,  # the workflow plan
     "commands": 6,  # the CLI (tiny_llm.cli, tiny_llm.__main__, tiny_llm.commands.*)
 }
-GROUP_OF_TOP_MODULE = {"runner": "runner", "cli": "commands", "__main__": "commands"}
+GROUP_OF_TOP_MODULE = {"engines": "engines", "cli": "commands", "__main__": "commands"}
 
 
 def module_name(path: Path) -> str:

@@ -25,8 +25,8 @@ import torch
 from tiny_llm.bench import profiling
 from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
+from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
-from tiny_llm.runner import build_engine
 from tiny_llm.runtime.device import attention_kernels, peak_memory_bytes, setup_runtime, synchronize
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment

@@ -21,7 +21,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
-    from tiny_llm.runner import evaluate_checkpoint
+    from tiny_llm.engines import evaluate_checkpoint
 
     result = evaluate_checkpoint(recipe, args.checkpoint, full=args.full)
     if args.output:

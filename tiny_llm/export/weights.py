@@ -132,7 +132,7 @@ def checkpoint_state_dict(
 def _state_from_training_state(
     recipe: RecipeConfig, path: Path, worker: int | None
 ) -> dict[str, torch.Tensor]:
-    from tiny_llm.runner import build_engine
+    from tiny_llm.engines import build_engine
     from tiny_llm.train.checkpoint import load_state
 
     engine = build_engine(recipe, torch.device("cpu"))

@@ -3,7 +3,7 @@
 An engine performs one optimizer update from a batch of token blocks. The ordinary
 engine (``tiny_llm.train.engine.ModelEngine``) and the packed one
 (``tiny_llm.packed.engine.PackedEngine``) both implement ``Engine``; which one a recipe
-gets is decided by ``tiny_llm.runner.build_engine``.
+gets is decided by ``tiny_llm.engines.build_engine``.
 
 Two methods add to what a run records: ``attention_kernels()``, the attention operators an update
 dispatches (environment.json), and ``result_fields(tokens)``, the engine's own result.json fields (the
@@ -69,7 +69,7 @@ class Engine(Protocol):
 
 
 EngineFactory = Callable[[RecipeConfig, torch.device], Engine]
-"""recipe, device -> a fresh engine (``tiny_llm.runner.build_engine``)."""
+"""recipe, device -> a fresh engine (``tiny_llm.engines.build_engine``)."""
 
 
 def build_model(recipe: RecipeConfig, device: torch.device) -> Llama:

@@ -1,7 +1,7 @@
 """The ordinary engine: one Llama model's optimizer update from a batch of token blocks.
 
 It implements the runtime's ``Engine`` contract (``tiny_llm.runtime.engine``), as the
-packed engine does; ``tiny_llm.runner.build_engine`` picks one of the two for a recipe.
+packed engine does; ``tiny_llm.engines.build_engine`` picks one of the two for a recipe.
 """
 
 from __future__ import annotations

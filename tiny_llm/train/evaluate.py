@@ -113,7 +113,7 @@ def evaluate_checkpoint(
     """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model).
 
     A training state is read into the engine ``build_engine`` makes for the recipe
-    (``tiny_llm.runner.evaluate_checkpoint`` passes the one the recipe needs).
+    (``tiny_llm.engines.evaluate_checkpoint`` passes the one the recipe needs).
     """
     from tiny_llm.data.cache import open_cache
     from tiny_llm.data.loader import iter_validation, validation_subset

@@ -482,7 +482,7 @@ def run_training(
     recipe: RecipeConfig, build_engine: EngineFactory, resume: str | None = None, quiet: bool = False
 ) -> int:
     """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
-    exit codes. ``tiny_llm.runner.run_training`` passes the engine the recipe needs."""
+    exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs."""
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
