@@ -63,6 +63,12 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return configure
 
 
+def run_all(plan, results_dir: Path) -> dict:
+    """The whole tuning in one process, as `tune run` does it: every slot in turn, then the selection."""
+    tuner.run_slots(plan, results_dir)
+    return tuner.select(plan, results_dir)
+
+
 def calls(tmp_path: Path) -> list[dict]:
     path = tmp_path / "calls.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -146,7 +152,7 @@ def test_cpu_space_varies_attention_precision_threads():
 
 def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
     plan = make_plan(gpu_profile(), worker_command=fake())
-    summary = tuner.run_all(plan, tmp_path / "out")
+    summary = run_all(plan, tmp_path / "out")
     results = {r["name"]: r for r in tuner.collect_results(plan, tmp_path / "out")}
     # stage 1: m16-compile (48) > m8-compile (24) > m8-eager (8) > m4-eager (4)
     assert results["s2-r0-flash"]["parent"] == "s1-m16-compile"
@@ -171,7 +177,7 @@ def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
     plan = make_plan(
         gpu_profile(sets=["training.batch_tokens=2048", "runtime.cpu_threads=8"]), worker_command=fake()
     )
-    tuner.run_all(plan, tmp_path / "out")
+    run_all(plan, tmp_path / "out")
     t8 = json.loads((tmp_path / "out" / "candidates" / "s4-r0-t8.json").read_text())
     assert t8["reused_from"] == "s2-r0-flash" and t8["wall_seconds"] == 0.0
     assert t8["tokens_per_second"] == pytest.approx(72.0)
@@ -199,7 +205,7 @@ def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Pat
 def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
     profile = gpu_profile(budget_minutes=2.5 / 60, min_start_seconds=1.0, threads=[1])
     plan = make_plan(profile, worker_command=fake(sleep=1.0))
-    summary = tuner.run_all(plan, tmp_path / "out")
+    summary = run_all(plan, tmp_path / "out")
     statuses = [c["status"] for c in summary["candidates"]]
     assert statuses[0] == "ok" and "skipped_budget" in statuses
     first_skip = statuses.index("skipped_budget")
@@ -219,7 +225,7 @@ def test_no_success_fails_clearly_and_user_error_stops(tmp_path: Path, fake):
     profile = gpu_profile(stage1=[[8, False]], threads=[1], compile_modes=[], attention_variants=["flash"])
     plan = make_plan(profile, worker_command=fake(fail=["m8-eager", "m8-compile"]))
     with pytest.raises(RunStateError, match="no tuning candidate of profile fakegpu succeeded"):
-        tuner.run_all(plan, tmp_path / "a")
+        run_all(plan, tmp_path / "a")
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["selected"] is None
     assert {c["status"] for c in summary["candidates"]} == {"failed", "skipped"}

@@ -30,21 +30,11 @@ def peers(topology: str, num_models: int, step: int) -> list[int]:
     return [(i - offset) % num_models for i in range(num_models)]
 
 
-def mixing_matrix(topology: str, num_models: int, step: int, gamma: float = 1.0) -> torch.Tensor:
-    """``W' = gamma W + (1 - gamma) I`` in float64; row i holds worker i's weights over all workers."""
-    n = num_models
-    if topology == "complete":
-        w = torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    else:
-        w = 0.5 * torch.eye(n, dtype=torch.float64)
-        for i, j in enumerate(peers(topology, n, step)):
-            w[i, j] += 0.5
-    return gamma * w + (1.0 - gamma) * torch.eye(n, dtype=torch.float64)
-
-
 @torch.no_grad()
 def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: torch.Tensor) -> None:
-    """Apply ``W'`` to the rows of ``arena`` [N, D] in place (``scratch`` has its shape)."""
+    """Apply ``W' = gamma W + (1 - gamma) I`` to the rows of ``arena`` [N, D] in place (``scratch`` has its
+    shape); row i of W holds worker i's weights over all workers: 1/N each (complete), or 1/2 on itself and
+    1/2 on its ``peers`` entry."""
     if gamma == 0.0:
         return
     if topology == "complete":

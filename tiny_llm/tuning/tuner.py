@@ -358,12 +358,6 @@ def run_slots(
             on_result(result)
 
 
-def run_all(plan: Plan, results_dir: str | Path) -> dict[str, Any]:
-    """The whole tuning in one process (each candidate still its own worker process)."""
-    run_slots(plan, results_dir)
-    return select(plan, results_dir)
-
-
 # How plot_summary draws each kind of candidate; a candidate that measured nothing gets a marker at zero.
 CANDIDATE_KINDS: dict[str, dict[str, Any]] = {
     "selected": {"bar": "tab:green"},
