@@ -117,7 +117,10 @@ def _state_from_training_state(
             f"{path}: the training state does not fit the recipe's model ({str(exc).splitlines()[0]})"
         ) from None
     if worker is not None:
-        return engine.model.worker_state_dict(worker)  # a packed engine (check_worker saw the recipe)
+        from tiny_llm.packed.engine import PackedEngine
+
+        assert isinstance(engine, PackedEngine)  # check_worker saw a packed recipe
+        return engine.model.worker_state_dict(worker)
     return {k: v.detach().clone() for k, v in engine.eval_model().state_dict().items()}
 
 

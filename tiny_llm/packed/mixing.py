@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +55,9 @@ def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: t
 
 
 @torch.no_grad()
-def mix_tensor_lists_(tensors: list[list[torch.Tensor]], topology: str, step: int, gamma: float) -> None:
+def mix_tensor_lists_(
+    tensors: Sequence[Sequence[torch.Tensor]], topology: str, step: int, gamma: float
+) -> None:
     """The same mixing for N separate models: ``tensors[i]`` is worker i's parameter list.
 
     Used by the sequential baseline of the packed benchmark.

@@ -88,8 +88,8 @@ def mean_curve(
     early, e.g. diverged, leaves the mean of the others from there on)."""
     by_token: dict[int, list[float]] = {}
     for curve in curves:
-        for tokens, loss in curve:
-            by_token.setdefault(tokens, []).append(loss)
+        for count, loss in curve:
+            by_token.setdefault(count, []).append(loss)
     tokens = sorted(by_token)
     return (
         tokens,

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -193,7 +193,7 @@ def train_curve(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -207,7 +207,7 @@ def _shape_key(recipe: dict[str, Any]) -> tuple | None:
 
 
 def _preset_shapes() -> dict[tuple, str]:
-    shapes = {}
+    shapes: dict[tuple, str] = {}
     folder = resources.files("tiny_llm") / "presets"
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".yaml"):

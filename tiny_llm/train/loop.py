@@ -98,8 +98,24 @@ class Trainer:
         self.elapsed_mark: float | None = None
         """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
-        self.engine: Engine | None = None
-        self.loader: TrainLoader | None = None
+        self._engine: Engine | None = None
+        self._loader: TrainLoader | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError("the trainer has no engine before start()")
+        return self._engine
+
+    @property
+    def loader(self) -> TrainLoader:
+        if self._loader is None:
+            raise RuntimeError("the trainer has no loader before start()")
+        return self._loader
 
     # ------------------------------------------------------------------ setup
 
@@ -109,8 +125,8 @@ class Trainer:
             state = checkpoint.load_state(resume_path)
         if state is not None:
             self._check_compatible(state, resume_path)
-        self.engine = self.build_engine(self.recipe, self.device)
-        self.loader = TrainLoader(
+        self._engine = self.build_engine(self.recipe, self.device)
+        self._loader = TrainLoader(
             self.cache,
             context_length=self.recipe.model.context_length,
             num_blocks=self.budget.num_blocks,
@@ -142,7 +158,7 @@ class Trainer:
             self.recipe.evaluation.seed,
         )
 
-    def _check_compatible(self, state: dict[str, Any], path: Path) -> None:
+    def _check_compatible(self, state: dict[str, Any], path: Path | None) -> None:
         if state["recipe_identity"] == self.identity:
             return
         from tiny_llm.config import identity_differences
@@ -290,6 +306,8 @@ class Trainer:
         """
         p = self.progress
         epoch = p.pending_epoch
+        if epoch is None:
+            raise RuntimeError("finish_epoch without a pending epoch")
         result, peak = self.evaluate_subset()
         self.metrics.append(self.validation_row("validation", epoch, result, peak))
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
@@ -379,7 +397,7 @@ class Trainer:
         checkpoint.save_state(self.run_dir / name, state)
 
     def interrupt(self) -> int:
-        if self.policy != "none" and self.engine is not None:
+        if self.policy != "none" and self.started:
             try:
                 self.save(checkpoint.LATEST)
                 where = f"state saved to {self.run_dir / checkpoint.LATEST}"
@@ -443,8 +461,8 @@ class Trainer:
         return EXIT_FAILED
 
     def close(self) -> None:
-        if self.loader is not None:
-            self.loader.close()
+        if self._loader is not None:
+            self._loader.close()
 
 
 # ---------------------------------------------------------------------- entry point
@@ -504,7 +522,7 @@ def run_training(
         except RunStateError:
             raise
         except Exception as exc:
-            if trainer.engine is None:
+            if not trainer.started:
                 raise
             log(traceback.format_exc())
             return trainer.fail(f"{type(exc).__name__}: {exc}")

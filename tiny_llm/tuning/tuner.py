@@ -60,7 +60,7 @@ def candidate_paths(results_dir: str | Path, slot: str) -> dict[str, Path]:
 
 def earlier_results(plan: Plan, results_dir: str | Path, slot: str) -> list[dict[str, Any]]:
     """Results of every slot before ``slot`` in plan order (they must exist)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for other in plan.slots:
         if other.name == slot:
             return out
@@ -392,6 +392,7 @@ def draw_summary(summary: dict[str, Any]) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -446,7 +447,7 @@ def draw_summary(summary: dict[str, Any]) -> Any:
         compact_axis(ax.yaxis)
     axes[0][0].set_ylabel("tokens/s (median window)")
     fig.suptitle(f"tuning {summary['profile']} (selected: {selected})")
-    handles = []
+    handles: list[Artist] = []
     for kind, style in CANDIDATE_KINDS.items():
         if kind not in shown:
             continue
