@@ -3,34 +3,34 @@ train/resume/evaluate, forced attention kernels and CUDA-graph compile modes wit
 
 Run through ``benchmarks/gpu_check.sh`` (it installs, checks CUDA and calls ``run``). This file uses only the
 standard library: every measurement is a ``python -m tiny_llm ...`` subprocess whose JSON output is read
-back, so it does not depend on the library's internal module layout.
+back, so it does not depend on the library's internal module layout. The data come from the library's own
+commands (``build-demo-corpus``, ``train-tokenizer``, ``prepare``), as in the workflow.
 
     python benchmarks/gpu_check.py run --mode gpu --out results/gpu-check        # the real thing
     python benchmarks/gpu_check.py run --mode cpu-smoke --out /tmp/gpu-smoke       # same steps, tiny, CPU
     python benchmarks/gpu_check.py run --mode gpu --dry-run                       # print the commands only
-    python benchmarks/gpu_check.py corpus --output DIR                            # the offline text corpus
 
-Every step writes ``<out>/<step>.json`` and its commands' stdout/stderr under ``<out>/logs/``;
-``summary.json`` collects them. Each command has its own timeout, clipped to a global deadline; a step that
-cannot start before the deadline is recorded as ``skipped_budget``. A failed step never stops the next.
+``steps()`` lists the steps in the order of the table in benchmarks/README.md; each step is its commands
+and a ``check`` that turns their outputs into the step's record. Every step writes ``<out>/<step>.json`` and
+its commands' stdout/stderr under ``<out>/logs/``; ``summary.json`` collects them. Each command has its own
+timeout, clipped to a global deadline; a step that cannot start before the deadline is recorded as
+``skipped_budget``. A failed step never stops the next.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import gzip
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,71 +52,20 @@ KERNEL_OP = {
 # The train/resume and compile-mode checks: the `tiny` preset's shape on a 512-token tokenizer.
 TOKENIZER_VOCAB = 512
 CACHE_TRAIN_TOKENS = 400_000
-CORPUS_CHARS = 2_400_000
+EXECUTIONS = ("packed", "sequential")
+COMPILE_MODES = ("default", "reduce-overhead")
+RUN_FILES = (
+    "status.json",
+    "result.json",
+    "environment.json",
+    "resolved.yaml",
+    "metrics.jsonl",
+    "run.log",
+    "best.json",
+)
 
 
-# ----------------------------------------------------------------------------- offline corpus
-
-
-def stdlib_documents(max_chars: int) -> list[str]:
-    """English prose available everywhere: docstrings of the Python standard library (ast, no imports).
-
-    Repeated (with a different URL) until ``max_chars``, so the corpus size never depends on the Python build.
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    texts: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        if {"site-packages", "test", "tests", "idlelib"} & set(path.parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= 200:
-                    texts.append(doc)
-    if not texts:
-        raise SystemExit("no standard-library docstrings found for the corpus")
-    documents, chars = [], 0
-    while chars < max_chars:
-        for text in texts:
-            documents.append(text)
-            chars += len(text)
-            if chars >= max_chars:
-                break
-    return documents
-
-
-def write_corpus(output: Path, max_chars: int, validation_every: int = 20) -> dict[str, int]:
-    """C4-format directory: c4-{train,validation}.00000-of-00001.json.gz of {text, timestamp, url} lines."""
-    documents = stdlib_documents(max_chars)
-    output.mkdir(parents=True, exist_ok=True)
-    counts = {}
-    for split in ("train", "validation"):
-        keep = [
-            (i, d)
-            for i, d in enumerate(documents)
-            if (i % validation_every == validation_every - 1) == (split == "validation")
-        ]
-        path = output / f"c4-{split}.00000-of-00001.json.gz"
-        tmp = path.with_suffix(".tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-            for i, text in keep:
-                row = {
-                    "text": text,
-                    "timestamp": "2019-04-25T12:00:00Z",
-                    "url": f"https://docs.python.org/doc/{i}",
-                }
-                handle.write(json.dumps(row) + "\n")
-        tmp.replace(path)
-        counts[split] = len(keep)
-    counts["chars"] = sum(len(d) for d in documents)
-    return counts
-
-
-# ----------------------------------------------------------------------------- running commands
+# ----------------------------------------------------------------------------- commands and steps
 
 
 @dataclass
@@ -125,8 +74,12 @@ class Command:
     argv: list[str]
     timeout: float
     # Called with the Popen object after start; may send a signal (the SIGTERM test). Returns a note or None.
-    during: Callable[[subprocess.Popen], str | None] | None = None
+    during: Callable[[subprocess.Popen, float], str | None] | None = None
     expect_rc: tuple[int, ...] = (0,)
+
+
+Check = Callable[[list[dict[str, Any]]], dict[str, Any]]
+"""The commands' results (in order) -> the step's record fields (status, figures, detail, error)."""
 
 
 @dataclass
@@ -134,10 +87,605 @@ class Step:
     name: str
     what: str
     commands: list[Command]
-    analyse: Callable[[Step, list[dict[str, Any]]], dict[str, Any]]
+    check: Check
     min_seconds: float = 30.0  # don't start with less than this left before the deadline
-    record: dict[str, Any] = field(default_factory=dict)
     describe_during: str | None = None  # dry-run note for `during`
+
+
+@dataclass
+class Setup:
+    """One mode's machine (gpu | cpu-smoke): where things go and the arguments every step shares. Paths:
+    ``out`` for the JSON and logs to keep, ``work`` for run directories, traces and data."""
+
+    mode: str
+    out: Path
+    work: Path
+    py: str = sys.executable
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Records of the steps run so far, by name (packed-n4 takes bench-20m's FLOPs and peak)."""
+
+    @property
+    def gpu(self) -> bool:
+        return self.mode == "gpu"
+
+    @property
+    def corpus(self) -> Path:
+        return self.work / "corpus"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.work / "tokenizer"
+
+    @property
+    def cache(self) -> Path:
+        return self.work / "cache"
+
+    def on(self, gpu: Any, cpu: Any) -> Any:
+        """The GPU mode's value or the CPU smoke's."""
+        return gpu if self.gpu else cpu
+
+    def tiny_llm(self, *args: str) -> list[str]:
+        return [self.py, "-m", "tiny_llm", *args]
+
+    def data_sets(self) -> list[str]:
+        return sets(
+            f"data.dataset={self.corpus}",
+            f"data.tokenizer={self.tokenizer}",
+            f"data.cache_dir={self.cache}",
+            f"data.prepare_train_tokens={CACHE_TRAIN_TOKENS}",
+        )
+
+    def runtime_sets(self, compile_: bool) -> list[str]:
+        if self.gpu:
+            return sets(
+                "runtime.device=cuda:0",
+                f"runtime.compile={'true' if compile_ else 'false'}",
+                "runtime.amp=true",
+                "runtime.fused_optimizer=true",
+            )
+        return sets("runtime.device=cpu", "runtime.compile=false", "runtime.cpu_threads=2")
+
+    def worker_protocol(self) -> list[str]:
+        return self.on(
+            ["--warmup", "10", "--steps", "30", "--windows", "3"],
+            ["--warmup", "1", "--steps", "1", "--windows", "1"],
+        )
+
+    def worker_shape_sets(self) -> list[str]:
+        """GPU: the reference settings (32,768-token updates, micro 32). CPU smoke: context 64, 256 tokens."""
+        if self.gpu:
+            return sets("training.batch_tokens=32768", "training.micro_batch_size=32")
+        return sets("model.context_length=64", "training.batch_tokens=256", "training.micro_batch_size=4")
+
+    def train_recipe(self, output_dir: Path, compile_: bool, extra: list[str]) -> list[str]:
+        """`tiny` shape on the check's cache; GPU: bf16 autocast, fused AdamW."""
+        return [
+            "--config",
+            "tiny",
+            *self.data_sets(),
+            *self.runtime_sets(compile_),
+            *sets(f"runtime.output_dir={output_dir}", "training.log_every=1"),
+            *sets(*extra),
+        ]
+
+
+def sets(*pairs: str) -> list[str]:
+    return [a for p in pairs for a in ("--set", p)]
+
+
+# ----------------------------------------------------------------------------- the steps (README's table)
+
+
+def steps(s: Setup) -> list[Step]:
+    """Every step, in the order of the table in benchmarks/README.md."""
+    return [
+        env(s),
+        data(s),
+        *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND),
+        packed_n4(s),
+        train_resume(s),
+        compile_mode(s),
+        *(kernel(s, backend, compiled=False) for backend in SDPA_BACKENDS),
+        # The compiled path must honour a forced kernel too; `efficient` is not what `auto` picks on Hopper,
+        # so a forced kernel that silently became `auto` shows up as flash/cudnn here.
+        kernel(s, "efficient", compiled=True),
+    ]
+
+
+ENV_PROBE = (
+    "import json, torch; c = torch.cuda.is_available(); "
+    "p = torch.cuda.get_device_properties(0) if c else None; "
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'cuda_available': c, "
+    "'device_name': torch.cuda.get_device_name(0) if c else None, "
+    "'capability': list(torch.cuda.get_device_capability(0)) if c else None, "
+    "'total_memory_bytes': p.total_memory if c else None, "
+    "'cudnn': torch.backends.cudnn.version() if c else None, "
+    "'device_count': torch.cuda.device_count()}))"
+)
+NVIDIA_SMI = [
+    "nvidia-smi",
+    "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
+    "--format=csv",
+]
+
+
+def env(s: Setup) -> Step:
+    """torch/CUDA versions, device name, nvidia-smi."""
+    cmds = [Command("env.torch", [s.py, "-c", ENV_PROBE], 120)]
+    if s.gpu:
+        cmds.append(Command("env.nvidia-smi", NVIDIA_SMI, 30))
+    return Step("env", "torch/CUDA versions and the GPU", cmds, partial(check_env, s), min_seconds=5)
+
+
+def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    info = {}
+    with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
+        info = json.loads(Path(results[0]["stdout_log"]).read_text().strip().splitlines()[-1])
+    extra = {}
+    if len(results) > 1 and results[1].get("rc") == 0:
+        extra["nvidia_smi"] = Path(results[1]["stdout_log"]).read_text().strip()
+    ok = results[0].get("rc") == 0 and (info.get("cuda_available") or not s.gpu)
+    detail = f"torch {info.get('torch')} cuda {info.get('cuda')} device {info.get('device_name') or 'cpu'}"
+    return {"status": "ok" if ok else "failed", "environment": info, **extra, "detail": detail}
+
+
+def data(s: Setup) -> Step:
+    """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
+    cmds = [
+        Command("data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus)), 120),
+        Command(
+            "data.tokenizer",
+            s.tiny_llm(
+                "train-tokenizer",
+                "--input",
+                str(s.corpus),
+                "--vocab-size",
+                str(TOKENIZER_VOCAB),
+                "--output",
+                str(s.tokenizer),
+            ),
+            180,
+        ),
+        Command(
+            "data.prepare", s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"), 180
+        ),
+    ]
+    what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
+    return Step("data", what, cmds, partial(check_data, s), min_seconds=20)
+
+
+def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    manifest = read_json(s.cache / "manifest.json") or {}
+    splits = manifest.get("splits", {})
+    ok = all(r.get("rc") == 0 for r in results) and bool(splits)
+    detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
+    out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
+    if not ok:
+        out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
+    return out
+
+
+def bench(s: Setup, size: str) -> Step:
+    """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
+    output = s.work / f"bench-{size}.worker.json"
+    argv = s.tiny_llm(
+        "benchmark-worker",
+        "--config",
+        size,
+        *s.worker_shape_sets(),
+        *s.runtime_sets(compile_=True),
+        "--data-mode",
+        "synthetic",
+        *s.worker_protocol(),
+        "--output",
+        str(output),
+    )
+    return Step(
+        f"bench-{size}",
+        f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
+        [Command(f"bench-{size}", argv, s.on(200, 300))],
+        partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
+        min_seconds=s.on(60, 20),
+    )
+
+
+def check_bench(s: Setup, output: Path, reference: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    out = worker_record(s, output, results[0])
+    out["reference"] = f"GH200 {reference:,} tok/s"
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / reference
+    return out
+
+
+def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
+    data = read_json(output)
+    if data is None:
+        return {
+            "status": "timeout" if result.get("timed_out") else "failed",
+            "error": result.get("error") or "no worker JSON written",
+            "tokens_per_second": None,
+            "peak_memory_bytes": None,
+            "mfu": None,
+            "attention_kernel": "n/a",
+        }
+    copy = s.out / f"{output.stem}.json"
+    write_json(copy, data)
+    rec = {
+        "status": data.get("status"),
+        "worker_json": str(copy),
+        "tokens_per_second": data.get("tokens_per_second"),
+        "seconds_per_step": data.get("seconds_per_step"),
+        "peak_memory_bytes": data.get("peak_memory_bytes"),
+        "mfu": data.get("mfu"),
+        "peak_flops_per_second": data.get("peak_flops_per_second"),
+        "peak_source": data.get("peak_source"),
+        "flops_per_token": data.get("flops_per_token"),
+        "attention_kernel": short_kernels(data.get("attention_kernels")),
+        "attention_kernels": data.get("attention_kernels"),
+        "first_update_seconds": data.get("first_update_seconds"),
+        "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
+    }
+    if data.get("error"):
+        rec["error"] = str(data["error"])
+    if rec["first_update_seconds"] is not None:
+        rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
+        if rec["peak_source"]:
+            rec["detail"] += f"; MFU peak: {rec['peak_source']}"
+    return rec
+
+
+def packed_n4(s: Setup) -> Step:
+    """benchmark-packed-worker packed and sequential, N=4, 20m shape, complete mixing, compiled."""
+    if s.gpu:
+        shape = sets("training.batch_tokens=32768", "training.micro_batch_size=8")
+        protocol = ["--warmup", "5", "--steps", "20", "--component-steps", "3"]
+    else:
+        shape = sets("model.context_length=64", "training.batch_tokens=512", "training.micro_batch_size=2")
+        protocol = ["--warmup", "1", "--steps", "2", "--component-steps", "1"]
+    common = sets("decentralized.num_models=4", "decentralized.topology=complete")
+    outputs = {e: s.work / f"packed-n4-{e}.worker.json" for e in EXECUTIONS}
+    cmds = [
+        Command(
+            f"packed-n4-{e}",
+            s.tiny_llm(
+                "benchmark-packed-worker",
+                "--config",
+                "packed4-20m-awc",
+                *common,
+                *shape,
+                *s.runtime_sets(compile_=True),
+                "--execution",
+                e,
+                *protocol,
+                "--output",
+                str(outputs[e]),
+            ),
+            s.on(200, 300),
+        )
+        for e in EXECUTIONS
+    ]
+    return Step(
+        "packed-n4",
+        "packed vs sequential N=4, 20m shape, 32,768-token global batch, complete mixing, compiled",
+        cmds,
+        partial(check_packed, s, outputs),
+        min_seconds=s.on(90, 20),
+    )
+
+
+PACKED_KEYS = (
+    "status",
+    "error",
+    "tokens_per_second",
+    "seconds_per_step",
+    "peak_memory_bytes",
+    "first_update_seconds",
+    "components",
+    "loss",
+)
+
+
+def packed_execution(s: Setup, execution: str, output: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """One execution's fields, its attention kernel taken from the worker's trace."""
+    data = read_json(output)
+    if data is None:
+        return {"status": "timeout" if result.get("timed_out") else "failed", "error": result.get("error")}
+    write_json(s.out / f"packed-n4-{execution}.worker.json", data)
+    record = {k: data.get(k) for k in PACKED_KEYS}
+    record["attention_kernel"] = short_kernels(trace_attention_kernels(output))
+    record["reference_tokens_per_second"] = REFERENCE_PACKED_N4[execution]
+    return record
+
+
+def check_packed(s: Setup, outputs: dict[str, Path], results: list[dict[str, Any]]) -> dict[str, Any]:
+    per = {e: packed_execution(s, e, outputs[e], res) for e, res in zip(EXECUTIONS, results, strict=False)}
+    out: dict[str, Any] = {
+        "executions": per,
+        "reference": f"GH200 compiled N=4 {REFERENCE_PACKED_SPEEDUP_N4}x",
+    }
+    if not (all(p.get("status") == "ok" for p in per.values()) and len(per) == 2):
+        out["status"] = "failed"
+        out["error"] = "; ".join(f"{e}: {p.get('error')}" for e, p in per.items() if p.get("status") != "ok")
+    p, q = per.get("packed", {}), per.get("sequential", {})
+    if p.get("seconds_per_step") and q.get("seconds_per_step"):
+        speedup = q["seconds_per_step"] / p["seconds_per_step"]
+        out["speedup"] = speedup
+        out["ratio_to_reference"] = speedup / REFERENCE_PACKED_SPEEDUP_N4
+        out["detail"] = f"speedup {speedup:.2f}x"
+    out["tokens_per_second"] = p.get("tokens_per_second")
+    out["peak_memory_bytes"] = p.get("peak_memory_bytes")
+    out["attention_kernel"] = p.get("attention_kernel", "n/a")
+    out.update(packed_mfu(s, p.get("tokens_per_second")))
+    if q.get("tokens_per_second") is not None:
+        seq_peak = q.get("peak_memory_bytes")
+        out["detail"] = (
+            out.get("detail", "") + f"; sequential {fmt_int(q.get('tokens_per_second'))} tok/s, "
+            f"peak {fmt(seq_peak / GIB if seq_peak else None, '.2f')} GiB (ref 692k -> 1.04M tok/s)"
+        )
+    return out
+
+
+def packed_mfu(s: Setup, tokens_per_second: float | None) -> dict[str, Any]:
+    """The packed worker reports no MFU: it comes from the bench-20m worker's FLOPs/token and peak (same
+    shape, device and precision). Packed tokens/s counts all N workers' tokens."""
+    b20 = s.records.get("bench-20m", {})
+    if tokens_per_second and b20.get("flops_per_token") and b20.get("peak_flops_per_second"):
+        mfu = tokens_per_second * b20["flops_per_token"] / b20["peak_flops_per_second"]
+        return {"mfu": mfu, "mfu_source": "FLOPs/token and peak of the bench-20m worker"}
+    return {"mfu": None}
+
+
+def train_resume(s: Setup) -> Step:
+    """A short `train` (tiny shape, eager) sent SIGTERM after its third update, rerun with --resume auto to
+    completion, then `evaluate --full` on final.pt against result.json's final_validation."""
+    run_dir = s.work / "train-resume"
+    recipe = s.train_recipe(
+        run_dir,
+        compile_=False,  # interruption, resume and evaluation on the device; compile-mode runs compiled
+        extra=[
+            "training.batch_tokens=2048",
+            "training.micro_batch_size=16",
+            f"training.tokens_per_parameter={s.on(2.4, 0.8)}",  # ~155 (GPU) / ~52 updates
+            f"training.epoch_tokens_per_parameter={s.on(0.8, 0.4)}",
+            "training.checkpoint_policy=interval",
+            "training.checkpoint_every=50",
+        ],
+    )
+    eval_json = s.work / "train-resume.evaluate.json"
+    signalled: dict[str, Any] = {}
+    evaluate = s.tiny_llm(
+        "evaluate",
+        "--config",
+        str(run_dir / "resolved.yaml"),
+        "--checkpoint",
+        str(run_dir / "final.pt"),
+        "--full",
+        "--output",
+        str(eval_json),
+    )
+    cmds = [
+        Command(
+            "train-resume.1-train",
+            s.tiny_llm("train", *recipe, "--quiet"),
+            120,
+            during=partial(sigterm_after_update_3, run_dir / "metrics.jsonl", signalled),
+            expect_rc=(130,),
+        ),
+        Command(
+            "train-resume.2-resume",
+            s.tiny_llm("train", *recipe, "--resume", "auto", "--quiet"),
+            s.on(150, 300),
+        ),
+        Command("train-resume.3-evaluate", evaluate, s.on(90, 120)),
+    ]
+    return Step(
+        "train-resume",
+        "short CUDA train (tiny shape, eager), SIGTERM mid-run, --resume auto, "
+        "evaluate --full vs result.json",
+        cmds,
+        partial(check_train_resume, s, run_dir, eval_json, signalled),
+        min_seconds=s.on(60, 30),
+        describe_during="the first train is sent SIGTERM (by pid) once metrics.jsonl has a train row "
+        "at step >= 3; exit status 130 expected",
+    )
+
+
+def sigterm_after_update_3(
+    metrics: Path, signalled: dict[str, Any], proc: subprocess.Popen, deadline: float
+) -> str | None:
+    """SIGTERM the trainer (only it, by pid) once ``metrics`` has a train row at step >= 3."""
+    while time.time() < deadline and proc.poll() is None:
+        rows = [r for r in read_jsonl(metrics) if r.get("event") == "train"]
+        if rows and rows[-1].get("step", 0) >= 3:
+            signalled.update(step=rows[-1]["step"], time=time.time())
+            os.kill(proc.pid, signal.SIGTERM)
+            return f"SIGTERM sent after train row step {rows[-1]['step']}"
+        time.sleep(0.05)
+    return "run ended before it could be interrupted" if proc.poll() is not None else None
+
+
+def check_train_resume(
+    s: Setup, run_dir: Path, eval_json: Path, signalled: dict[str, Any], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    first = results[0]
+    status_json = read_json(run_dir / "status.json") or {}
+    result = read_json(run_dir / "result.json") or {}
+    environment = read_json(run_dir / "environment.json") or {}
+    evaluated = read_json(eval_json) or {}
+    copy_run_files(run_dir, s.out / "train-resume")
+    if eval_json.exists():
+        write_json(s.out / "train-resume" / "evaluate.json", evaluated)
+    train_rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
+    steps_logged = [r.get("step") for r in train_rows]
+    interrupted = first.get("rc") == 130
+    final_loss = (result.get("final_validation") or {}).get("loss")
+    eval_loss = evaluated.get("loss")
+    diff = abs(final_loss - eval_loss) if final_loss is not None and eval_loss is not None else None
+    errors = [r["error"] for r in results if r.get("error")]
+    if not interrupted:
+        errors.insert(0, f"first run was not interrupted (rc {first.get('rc')}; {first.get('note')})")
+    complete = status_json.get("status") == "complete"
+    match = diff is not None and diff <= 1e-4
+    ok = interrupted and complete and match and not any(r.get("error") for r in results[1:])
+    mfus = [r["mfu"] for r in train_rows if r.get("mfu") is not None]
+    out = {
+        "status": "ok" if ok else "failed",
+        "interrupted_at_step": signalled.get("step"),
+        "first_exit_status": first.get("rc"),
+        "run_status": status_json.get("status"),
+        "result_step": result.get("step"),
+        "train_row_steps_duplicated": len(steps_logged) != len(set(steps_logged)),
+        "final_validation_loss": final_loss,
+        "evaluate_full_loss": eval_loss,
+        "loss_difference": diff,
+        "tokens_per_second": result.get("training_tokens_per_second"),
+        "peak_memory_bytes": result.get("peak_memory_bytes"),
+        "mfu": (sorted(mfus)[len(mfus) // 2] if mfus else None),
+        "attention_kernel": short_kernels(environment.get("attention_kernels")),
+        "result": result,
+        "detail": (
+            f"SIGTERM at step {signalled.get('step')} -> rc {first.get('rc')}, resumed to step "
+            f"{result.get('step')} ({status_json.get('status')}); final_validation {fmt(final_loss, '.6f')} "
+            f"vs evaluate --full {fmt(eval_loss, '.6f')}, diff {fmt(diff, '.2e')}"
+        ),
+    }
+    if errors:
+        out["error"] = " | ".join(errors)
+    elif not match:
+        out["error"] = "evaluate --full does not match final_validation (tolerance 1e-4)"
+    return out
+
+
+def compile_mode(s: Setup) -> Step:
+    """Two 13-update compiled trains with 4 microbatches per update, compile_mode default and reduce-overhead,
+    same seed: per-update loss and grad norm must agree."""
+    dirs = {m: s.work / f"compile-{m}" for m in COMPILE_MODES}
+    extra = [
+        "training.batch_tokens=4096",  # 64 sequences of 64 tokens
+        "training.micro_batch_size=16",  # -> 4 microbatches per update
+        "training.tokens_per_parameter=0.4",  # 12 updates
+        "training.epoch_tokens_per_parameter=0.4",
+        "training.checkpoint_policy=none",
+        "runtime.seed=42",
+    ]
+    cmds = [
+        Command(
+            f"compile-mode.{m}",
+            s.tiny_llm(
+                "train", *s.train_recipe(dirs[m], True, [*extra, f"runtime.compile_mode={m}"]), "--quiet"
+            ),
+            s.on(180, 120),
+        )
+        for m in COMPILE_MODES
+    ]
+    return Step(
+        "compile-mode",
+        "compile_mode reduce-overhead vs default, 4 microbatches per update, same seed, losses compared",
+        cmds,
+        partial(check_compile_mode, s, dirs),
+        min_seconds=s.on(60, 20),
+    )
+
+
+def check_compile_mode(s: Setup, dirs: dict[str, Path], results: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = {}
+    for m in COMPILE_MODES:
+        rows[m] = {r["step"]: r for r in read_jsonl(dirs[m] / "metrics.jsonl") if r.get("event") == "train"}
+        copy_run_files(dirs[m], s.out / f"compile-{m}")
+    default, graphs = rows["default"], rows["reduce-overhead"]
+    common = sorted(set(default) & set(graphs))
+    loss_diffs = [abs(default[i]["loss"] - graphs[i]["loss"]) for i in common]
+    gn_diffs = []
+    for i in common:
+        a, b = default[i].get("grad_norm"), graphs[i].get("grad_norm")
+        if a is not None and b is not None:
+            gn_diffs.append(abs(a - b) / max(abs(a), 1e-12))
+    modes = list(zip(COMPILE_MODES, results, strict=False))
+    per_mode = {m: {"rc": r.get("rc"), "error": r.get("error"), "updates": len(rows[m])} for m, r in modes}
+    rejected = [m for m, r in modes if r.get("rc") == 2 and not rows[m]]
+    out: dict[str, Any] = {
+        "modes": per_mode,
+        "steps_compared": len(common),
+        "max_abs_loss_difference": max(loss_diffs) if loss_diffs else None,
+        "max_rel_grad_norm_difference": max(gn_diffs) if gn_diffs else None,
+        "first_step_grad_norm": {m: rows[m].get(1, {}).get("grad_norm") for m in COMPILE_MODES},
+        "tolerance": {"loss_abs": 1e-3, "grad_norm_rel": 1e-2},
+        "losses": {m: [rows[m][i]["loss"] for i in common] for m in COMPILE_MODES},
+    }
+    failed = [m for m, r in modes if r.get("error")]
+    if rejected == ["reduce-overhead"] and not results[0].get("error"):
+        out.update(status="ok", verdict="rejected at validation")
+        out["detail"] = f"reduce-overhead + accumulation rejected: {results[1].get('error')}"
+        return out
+    if failed or not common:
+        out.update(status="failed", verdict="fail")
+        out["error"] = "; ".join(f"{m}: {per_mode[m]['error']}" for m in failed) or "no comparable train rows"
+        return out
+    passed = max(loss_diffs) <= 1e-3 and (not gn_diffs or max(gn_diffs) <= 1e-2)
+    out.update(status="ok" if passed else "failed", verdict="pass" if passed else "fail")
+    out["detail"] = (
+        f"{out['verdict'].upper()}: {len(common)} updates of 4 microbatches, "
+        f"max |dloss| {max(loss_diffs):.3e}, "
+        f"max rel |dgrad_norm| {fmt(out['max_rel_grad_norm_difference'], '.3e')}"
+    )
+    if not passed:
+        out["error"] = "reduce-overhead with accumulation differs from default"
+    return out
+
+
+def kernel(s: Setup, backend: str, compiled: bool) -> Step:
+    """benchmark-worker 20m with runtime.sdpa_backend forced: the kernel of the profiled update must be the
+    forced one, or the run must fail with a one-line error (unsupported)."""
+    name = f"kernel-{backend}" + ("-compiled" if compiled else "")
+    output = s.work / f"{name}.worker.json"
+    protocol = ["--warmup", "2", "--steps", "5", "--windows", "1"] if s.gpu else s.worker_protocol()
+    argv = s.tiny_llm(
+        "benchmark-worker",
+        "--config",
+        "20m",
+        *s.worker_shape_sets(),
+        *s.runtime_sets(compile_=compiled),
+        *sets(f"runtime.sdpa_backend={backend}"),
+        "--data-mode",
+        "synthetic",
+        *protocol,
+        "--output",
+        str(output),
+    )
+    mode = "compiled" if compiled else "eager"
+    return Step(
+        name,
+        f"benchmark-worker 20m with runtime.sdpa_backend={backend} ({mode}): the kernel that ran",
+        [Command(name, argv, s.on(180 if compiled else 90, 120))],
+        partial(check_kernel, s, output, backend),
+        min_seconds=s.on(60 if compiled else 20, 10),
+    )
+
+
+def check_kernel(s: Setup, output: Path, backend: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    out = worker_record(s, output, results[0])
+    out["forced"] = backend
+    kernels = out.get("attention_kernels") or []
+    if out.get("status") == "ok":
+        matches = any(KERNEL_OP[backend] in k for k in kernels)
+        out["kernel_matches_forced"] = matches
+        out["detail"] = f"forced {backend}: ran {out['attention_kernel']}" + (
+            "" if matches else " (MISMATCH)"
+        )
+        if not matches:
+            out["status"] = "failed"
+            out["error"] = f"forced {backend} but the profiled update dispatched {kernels}"
+        return out
+    err = str(out.get("error") or "")
+    out["one_line_error"] = bool(err) and "\n" not in err.strip()
+    out["detail"] = f"forced {backend}: failed (unsupported?), one-line error: {out['one_line_error']}"
+    # A forced kernel the device can't run is expected to fail cleanly: report it, not a crash.
+    out["status"] = "unsupported" if out["one_line_error"] and not results[0].get("timed_out") else "failed"
+    return out
+
+
+# ----------------------------------------------------------------------------- running commands
 
 
 class Runner:
@@ -231,7 +779,7 @@ class Runner:
         record["commands"] = results
         record["seconds"] = round(time.time() - start, 2)
         try:
-            record.update(step.analyse(step, results))
+            record.update(step.check(results))
         except Exception as exc:  # an analysis bug must not cost the remaining steps
             record.update(status="failed", error=f"analysis error: {type(exc).__name__}: {exc}")
         if "status" not in record:
@@ -340,625 +888,9 @@ def format_line(r: dict[str, Any]) -> str:
     return "  ".join(str(p) for p in parts)
 
 
-# ----------------------------------------------------------------------------- the checks
-
-
-class Plan:
-    """The steps for one mode (gpu | cpu-smoke). Paths: ``work`` for run directories, traces and data."""
-
-    def __init__(self, mode: str, out: Path, work: Path):
-        self.mode = mode
-        self.gpu = mode == "gpu"
-        self.out = out
-        self.work = work
-        self.py = sys.executable
-        self.device = "cuda:0" if self.gpu else "cpu"
-        self.corpus = work / "corpus"
-        self.tokenizer = work / "tokenizer"
-        self.cache = work / "cache"
-        self.records_by_name: dict[str, dict[str, Any]] = {}
-
-    # -- helpers
-
-    def tiny_llm(self, *args: str) -> list[str]:
-        return [self.py, "-m", "tiny_llm", *args]
-
-    @staticmethod
-    def sets(*pairs: str) -> list[str]:
-        return [a for p in pairs for a in ("--set", p)]
-
-    def data_sets(self) -> list[str]:
-        return self.sets(
-            f"data.dataset={self.corpus}",
-            f"data.tokenizer={self.tokenizer}",
-            f"data.cache_dir={self.cache}",
-            f"data.prepare_train_tokens={CACHE_TRAIN_TOKENS}",
-        )
-
-    def runtime_sets(self, compile_: bool) -> list[str]:
-        if self.gpu:
-            return self.sets(
-                f"runtime.device={self.device}",
-                f"runtime.compile={'true' if compile_ else 'false'}",
-                "runtime.amp=true",
-                "runtime.fused_optimizer=true",
-            )
-        return self.sets("runtime.device=cpu", "runtime.compile=false", "runtime.cpu_threads=2")
-
-    # -- steps
-
-    def steps(self) -> list[Step]:
-        steps = [self.env_step(), self.data_step()]
-        steps += [self.bench_step(size) for size in ("20m", "50m", "90m")]
-        steps.append(self.packed_step())
-        steps.append(self.train_resume_step())
-        steps.append(self.compile_mode_step())
-        steps += [self.kernel_step(k, compiled=False) for k in SDPA_BACKENDS]
-        # The compiled path must honour a forced kernel too; `efficient` is not what `auto` picks on Hopper,
-        # so a forced kernel that silently became `auto` shows up as flash/cudnn here.
-        steps.append(self.kernel_step("efficient", compiled=True))
-        return steps
-
-    def env_step(self) -> Step:
-        probe = (
-            "import json, torch; c = torch.cuda.is_available(); "
-            "p = torch.cuda.get_device_properties(0) if c else None; "
-            "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'cuda_available': c, "
-            "'device_name': torch.cuda.get_device_name(0) if c else None, "
-            "'capability': list(torch.cuda.get_device_capability(0)) if c else None, "
-            "'total_memory_bytes': p.total_memory if c else None, "
-            "'cudnn': torch.backends.cudnn.version() if c else None, "
-            "'device_count': torch.cuda.device_count()}))"
-        )
-        cmds = [Command("env.torch", [self.py, "-c", probe], 120)]
-        if self.gpu:
-            query = "name,driver_version,memory.total,clocks.max.sm,power.limit"
-            cmds.append(Command("env.nvidia-smi", ["nvidia-smi", f"--query-gpu={query}", "--format=csv"], 30))
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            info = {}
-            with contextlib.suppress(OSError, ValueError, IndexError, KeyError):
-                info = json.loads(Path(results[0]["stdout_log"]).read_text().strip().splitlines()[-1])
-            extra = {}
-            if len(results) > 1 and results[1].get("rc") == 0:
-                extra["nvidia_smi"] = Path(results[1]["stdout_log"]).read_text().strip()
-            ok = results[0].get("rc") == 0 and (info.get("cuda_available") or not self.gpu)
-            detail = (
-                f"torch {info.get('torch')} cuda {info.get('cuda')} device {info.get('device_name') or 'cpu'}"
-            )
-            return {"status": "ok" if ok else "failed", "environment": info, **extra, "detail": detail}
-
-        return Step("env", "torch/CUDA versions and the GPU", cmds, analyse, min_seconds=5)
-
-    def data_step(self) -> Step:
-        cmds = [
-            Command(
-                "data.corpus",
-                [
-                    self.py,
-                    str(Path(__file__).resolve()),
-                    "corpus",
-                    "--output",
-                    str(self.corpus),
-                    "--chars",
-                    str(CORPUS_CHARS),
-                ],
-                120,
-            ),
-            Command(
-                "data.tokenizer",
-                self.tiny_llm(
-                    "train-tokenizer",
-                    "--input",
-                    str(self.corpus),
-                    "--vocab-size",
-                    str(TOKENIZER_VOCAB),
-                    "--output",
-                    str(self.tokenizer),
-                ),
-                180,
-            ),
-            Command(
-                "data.prepare",
-                self.tiny_llm("prepare", "--config", "tiny", *self.data_sets(), "--no-progress"),
-                180,
-            ),
-        ]
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            manifest = read_json(self.cache / "manifest.json") or {}
-            splits = manifest.get("splits", {})
-            ok = all(r.get("rc") == 0 for r in results) and bool(splits)
-            detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
-            out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
-            if not ok:
-                out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
-            return out
-
-        return Step(
-            "data", "offline corpus (stdlib docstrings), 512-token BPE, token cache", cmds, analyse, 20
-        )
-
-    # benchmark worker ---------------------------------------------------------------------------------------
-
-    def worker_protocol(self) -> list[str]:
-        if self.gpu:
-            return ["--warmup", "10", "--steps", "30", "--windows", "3"]
-        return ["--warmup", "1", "--steps", "1", "--windows", "1"]
-
-    def worker_shape_sets(self) -> list[str]:
-        """GPU: the reference settings (32,768-token updates, micro 32). CPU smoke: context 64, 256 tokens."""
-        if self.gpu:
-            return self.sets("training.batch_tokens=32768", "training.micro_batch_size=32")
-        return self.sets(
-            "model.context_length=64", "training.batch_tokens=256", "training.micro_batch_size=4"
-        )
-
-    def bench_step(self, size: str) -> Step:
-        output = self.work / f"bench-{size}.worker.json"
-        argv = self.tiny_llm(
-            "benchmark-worker",
-            "--config",
-            size,
-            *self.worker_shape_sets(),
-            *self.runtime_sets(compile_=True),
-            "--data-mode",
-            "synthetic",
-            *self.worker_protocol(),
-            "--output",
-            str(output),
-        )
-        reference = REFERENCE_TOKENS_PER_SECOND[size]
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            out = self.worker_record(output, results[0])
-            out["reference"] = f"GH200 {reference:,} tok/s"
-            if out.get("tokens_per_second"):
-                out["ratio_to_reference"] = out["tokens_per_second"] / reference
-            return out
-
-        timeout = 200 if self.gpu else 300
-        return Step(
-            f"bench-{size}",
-            f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
-            [Command(f"bench-{size}", argv, timeout, expect_rc=(0,))],
-            analyse,
-            min_seconds=60 if self.gpu else 20,
-        )
-
-    def worker_record(self, output: Path, result: dict[str, Any]) -> dict[str, Any]:
-        """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
-        data = read_json(output)
-        if data is None:
-            status = "timeout" if result.get("timed_out") else "failed"
-            return {
-                "status": status,
-                "error": result.get("error") or "no worker JSON written",
-                "tokens_per_second": None,
-                "peak_memory_bytes": None,
-                "mfu": None,
-                "attention_kernel": "n/a",
-            }
-        copy = self.out / f"{output.stem}.json"
-        write_json(copy, data)
-        rec = {
-            "status": data.get("status"),
-            "worker_json": str(copy),
-            "tokens_per_second": data.get("tokens_per_second"),
-            "seconds_per_step": data.get("seconds_per_step"),
-            "peak_memory_bytes": data.get("peak_memory_bytes"),
-            "mfu": data.get("mfu"),
-            "peak_flops_per_second": data.get("peak_flops_per_second"),
-            "peak_source": data.get("peak_source"),
-            "flops_per_token": data.get("flops_per_token"),
-            "attention_kernel": short_kernels(data.get("attention_kernels")),
-            "attention_kernels": data.get("attention_kernels"),
-            "first_update_seconds": data.get("first_update_seconds"),
-            "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
-        }
-        if data.get("error"):
-            rec["error"] = str(data["error"])
-        if rec["first_update_seconds"] is not None:
-            rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
-            if rec["peak_source"]:
-                rec["detail"] += f"; MFU peak: {rec['peak_source']}"
-        return rec
-
-    # packed -------------------------------------------------------------------------------------------------
-
-    def packed_step(self) -> Step:
-        if self.gpu:
-            shape = self.sets("training.batch_tokens=32768", "training.micro_batch_size=8")
-            protocol = ["--warmup", "5", "--steps", "20", "--component-steps", "3"]
-        else:
-            shape = self.sets(
-                "model.context_length=64", "training.batch_tokens=512", "training.micro_batch_size=2"
-            )
-            protocol = ["--warmup", "1", "--steps", "2", "--component-steps", "1"]
-        common = self.sets("decentralized.num_models=4", "decentralized.topology=complete")
-        outputs = {e: self.work / f"packed-n4-{e}.worker.json" for e in ("packed", "sequential")}
-        cmds = [
-            Command(
-                f"packed-n4-{e}",
-                self.tiny_llm(
-                    "benchmark-packed-worker",
-                    "--config",
-                    "packed4-20m-awc",
-                    *common,
-                    *shape,
-                    *self.runtime_sets(compile_=True),
-                    "--execution",
-                    e,
-                    *protocol,
-                    "--output",
-                    str(outputs[e]),
-                ),
-                200 if self.gpu else 300,
-            )
-            for e in ("packed", "sequential")
-        ]
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            data = {e: read_json(outputs[e]) for e in outputs}
-            per = {}
-            for (e, d), res in zip(data.items(), results, strict=False):
-                if d is None:
-                    per[e] = {
-                        "status": "timeout" if res.get("timed_out") else "failed",
-                        "error": res.get("error"),
-                    }
-                    continue
-                write_json(self.out / f"packed-n4-{e}.worker.json", d)
-                per[e] = {
-                    k: d.get(k)
-                    for k in (
-                        "status",
-                        "error",
-                        "tokens_per_second",
-                        "seconds_per_step",
-                        "peak_memory_bytes",
-                        "first_update_seconds",
-                        "components",
-                        "loss",
-                    )
-                }
-                per[e]["attention_kernel"] = short_kernels(trace_attention_kernels(outputs[e]))
-                per[e]["reference_tokens_per_second"] = REFERENCE_PACKED_N4[e]
-            out: dict[str, Any] = {
-                "executions": per,
-                "reference": f"GH200 compiled N=4 {REFERENCE_PACKED_SPEEDUP_N4}x",
-            }
-            ok = all(p.get("status") == "ok" for p in per.values()) and len(per) == 2
-            if not ok:
-                out["status"] = "failed"
-                out["error"] = "; ".join(
-                    f"{e}: {p.get('error')}" for e, p in per.items() if p.get("status") != "ok"
-                )
-            p, s = per.get("packed", {}), per.get("sequential", {})
-            if p.get("seconds_per_step") and s.get("seconds_per_step"):
-                speedup = s["seconds_per_step"] / p["seconds_per_step"]
-                out["speedup"] = speedup
-                out["ratio_to_reference"] = speedup / REFERENCE_PACKED_SPEEDUP_N4
-                out["detail"] = f"speedup {speedup:.2f}x"
-            out["tokens_per_second"] = p.get("tokens_per_second")
-            out["peak_memory_bytes"] = p.get("peak_memory_bytes")
-            out["attention_kernel"] = p.get("attention_kernel", "n/a")
-            # The packed worker reports no MFU; derive it from the 20m worker's FLOPs/token and peak (same
-            # shape, same device and precision). Packed tokens/s counts all N workers' tokens.
-            b20 = self.records_by_name.get("bench-20m", {})
-            if p.get("tokens_per_second") and b20.get("flops_per_token") and b20.get("peak_flops_per_second"):
-                out["mfu"] = p["tokens_per_second"] * b20["flops_per_token"] / b20["peak_flops_per_second"]
-                out["mfu_source"] = "FLOPs/token and peak of the bench-20m worker"
-            else:
-                out["mfu"] = None
-            if s.get("tokens_per_second") is not None:
-                seq_peak = s.get("peak_memory_bytes")
-                out["detail"] = (
-                    out.get("detail", "") + f"; sequential {fmt_int(s.get('tokens_per_second'))} tok/s, "
-                    f"peak {fmt(seq_peak / GIB if seq_peak else None, '.2f')} GiB (ref 692k -> 1.04M tok/s)"
-                )
-            return out
-
-        return Step(
-            "packed-n4",
-            "packed vs sequential N=4, 20m shape, 32,768-token global batch, complete mixing, compiled",
-            cmds,
-            analyse,
-            min_seconds=90 if self.gpu else 20,
-        )
-
-    # train / SIGTERM / resume / evaluate --------------------------------------------------------------------
-
-    def train_recipe(self, output_dir: Path, compile_: bool, extra: list[str]) -> list[str]:
-        """`tiny` shape on the offline cache; GPU: bf16 autocast, fused AdamW."""
-        return [
-            "--config",
-            "tiny",
-            *self.data_sets(),
-            *self.runtime_sets(compile_),
-            *self.sets(f"runtime.output_dir={output_dir}", "training.log_every=1"),
-            *self.sets(*extra),
-        ]
-
-    def train_resume_step(self) -> Step:
-        run_dir = self.work / "train-resume"
-        # Eager: this checks interruption, resume and evaluation on the device; compile-mode runs compiled.
-        recipe = self.train_recipe(
-            run_dir,
-            compile_=False,
-            extra=[
-                "training.batch_tokens=2048",
-                "training.micro_batch_size=16",
-                f"training.tokens_per_parameter={2.4 if self.gpu else 0.8}",  # ~155 (GPU) / ~52 updates
-                f"training.epoch_tokens_per_parameter={0.8 if self.gpu else 0.4}",
-                "training.checkpoint_policy=interval",
-                "training.checkpoint_every=50",
-            ],
-        )
-        eval_json = self.work / "train-resume.evaluate.json"
-        state: dict[str, Any] = {}
-
-        def sigterm_mid_run(proc: subprocess.Popen, deadline: float) -> str | None:
-            """SIGTERM the trainer (only it, by pid) once metrics.jsonl has a train row at step >= 3."""
-            metrics = run_dir / "metrics.jsonl"
-            while time.time() < deadline and proc.poll() is None:
-                rows = [r for r in read_jsonl(metrics) if r.get("event") == "train"]
-                if rows and rows[-1].get("step", 0) >= 3:
-                    state["signal_step"] = rows[-1]["step"]
-                    state["signal_time"] = time.time()
-                    os.kill(proc.pid, signal.SIGTERM)
-                    return f"SIGTERM sent after train row step {rows[-1]['step']}"
-                time.sleep(0.05)
-            return "run ended before it could be interrupted" if proc.poll() is not None else None
-
-        cmds = [
-            Command(
-                "train-resume.1-train",
-                self.tiny_llm("train", *recipe, "--quiet"),
-                120,
-                during=sigterm_mid_run,
-                expect_rc=(130,),
-            ),
-            Command(
-                "train-resume.2-resume",
-                self.tiny_llm("train", *recipe, "--resume", "auto", "--quiet"),
-                150 if self.gpu else 300,
-            ),
-            Command(
-                "train-resume.3-evaluate",
-                self.tiny_llm(
-                    "evaluate",
-                    "--config",
-                    str(run_dir / "resolved.yaml"),
-                    "--checkpoint",
-                    str(run_dir / "final.pt"),
-                    "--full",
-                    "--output",
-                    str(eval_json),
-                ),
-                90 if self.gpu else 120,
-            ),
-        ]
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            first = results[0]
-            status_json = read_json(run_dir / "status.json") or {}
-            result = read_json(run_dir / "result.json") or {}
-            env = read_json(run_dir / "environment.json") or {}
-            evaluated = read_json(eval_json) or {}
-            copy_run_files(run_dir, self.out / "train-resume")
-            if eval_json.exists():
-                write_json(self.out / "train-resume" / "evaluate.json", evaluated)
-            rows = read_jsonl(run_dir / "metrics.jsonl")
-            train_rows = [r for r in rows if r.get("event") == "train"]
-            steps = [r.get("step") for r in train_rows]
-            interrupted = first.get("rc") == 130
-            final_loss = (result.get("final_validation") or {}).get("loss")
-            eval_loss = evaluated.get("loss")
-            diff = abs(final_loss - eval_loss) if final_loss is not None and eval_loss is not None else None
-            errors = [r["error"] for r in results if r.get("error")]
-            if not interrupted:
-                errors.insert(0, f"first run was not interrupted (rc {first.get('rc')}; {first.get('note')})")
-            complete = status_json.get("status") == "complete"
-            match = diff is not None and diff <= 1e-4
-            ok = interrupted and complete and match and not any(r.get("error") for r in results[1:])
-            mfus = [r["mfu"] for r in train_rows if r.get("mfu") is not None]
-            out = {
-                "status": "ok" if ok else "failed",
-                "interrupted_at_step": state.get("signal_step"),
-                "first_exit_status": first.get("rc"),
-                "run_status": status_json.get("status"),
-                "result_step": result.get("step"),
-                "train_row_steps_duplicated": len(steps) != len(set(steps)),
-                "final_validation_loss": final_loss,
-                "evaluate_full_loss": eval_loss,
-                "loss_difference": diff,
-                "tokens_per_second": result.get("training_tokens_per_second"),
-                "peak_memory_bytes": result.get("peak_memory_bytes"),
-                "mfu": (sorted(mfus)[len(mfus) // 2] if mfus else None),
-                "attention_kernel": short_kernels(env.get("attention_kernels")),
-                "result": result,
-                "detail": (
-                    f"SIGTERM at step {state.get('signal_step')} -> rc {first.get('rc')}, resumed to step "
-                    f"{result.get('step')} ({status_json.get('status')}); "
-                    f"final_validation {fmt(final_loss, '.6f')} "
-                    f"vs evaluate --full {fmt(eval_loss, '.6f')}, diff {fmt(diff, '.2e')}"
-                ),
-            }
-            if errors:
-                out["error"] = " | ".join(errors)
-            elif not match:
-                out["error"] = "evaluate --full does not match final_validation (tolerance 1e-4)"
-            return out
-
-        return Step(
-            "train-resume",
-            "short CUDA train (tiny shape, eager), SIGTERM mid-run, --resume auto, "
-            "evaluate --full vs result.json",
-            cmds,
-            analyse,
-            min_seconds=60 if self.gpu else 30,
-            describe_during="the first train is sent SIGTERM (by pid) once metrics.jsonl has a train row "
-            "at step >= 3;"
-            " exit status 130 expected",
-        )
-
-    # compile modes with gradient accumulation -------------------------------------------------------------
-
-    def compile_mode_step(self) -> Step:
-        modes = ("default", "reduce-overhead")
-        dirs = {m: self.work / f"compile-{m}" for m in modes}
-        extra = [
-            "training.batch_tokens=4096",  # 64 sequences of 64 tokens
-            "training.micro_batch_size=16",  # -> 4 microbatches per update
-            "training.tokens_per_parameter=0.4",  # 12 updates
-            "training.epoch_tokens_per_parameter=0.4",
-            "training.checkpoint_policy=none",
-            "runtime.seed=42",
-        ]
-        cmds = [
-            Command(
-                f"compile-mode.{m}",
-                self.tiny_llm(
-                    "train",
-                    *self.train_recipe(dirs[m], True, [*extra, f"runtime.compile_mode={m}"]),
-                    "--quiet",
-                ),
-                180 if self.gpu else 120,
-            )
-            for m in modes
-        ]
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            rows = {}
-            for m in modes:
-                rows[m] = {
-                    r["step"]: r for r in read_jsonl(dirs[m] / "metrics.jsonl") if r.get("event") == "train"
-                }
-                copy_run_files(dirs[m], self.out / f"compile-{m}")
-            common = sorted(set(rows["default"]) & set(rows["reduce-overhead"]))
-            loss_diffs = [
-                abs(rows["default"][s]["loss"] - rows["reduce-overhead"][s]["loss"]) for s in common
-            ]
-            gn_diffs = []
-            for s in common:
-                a, b = rows["default"][s].get("grad_norm"), rows["reduce-overhead"][s].get("grad_norm")
-                if a is not None and b is not None:
-                    gn_diffs.append(abs(a - b) / max(abs(a), 1e-12))
-            per_mode = {
-                m: {"rc": r.get("rc"), "error": r.get("error"), "updates": len(rows[m])}
-                for m, r in zip(modes, results, strict=False)
-            }
-            rejected = [m for m, r in zip(modes, results, strict=False) if r.get("rc") == 2 and not rows[m]]
-            out: dict[str, Any] = {
-                "modes": per_mode,
-                "steps_compared": len(common),
-                "max_abs_loss_difference": max(loss_diffs) if loss_diffs else None,
-                "max_rel_grad_norm_difference": max(gn_diffs) if gn_diffs else None,
-                "first_step_grad_norm": {m: rows[m].get(1, {}).get("grad_norm") for m in modes},
-                "tolerance": {"loss_abs": 1e-3, "grad_norm_rel": 1e-2},
-                "losses": {m: [rows[m][s]["loss"] for s in common] for m in modes},
-            }
-            failed = [m for m, r in zip(modes, results, strict=False) if r.get("error")]
-            if rejected == ["reduce-overhead"] and not results[0].get("error"):
-                out["status"] = "ok"
-                out["verdict"] = "rejected at validation"
-                out["detail"] = f"reduce-overhead + accumulation rejected: {results[1].get('error')}"
-                return out
-            if failed or not common:
-                out["status"] = "failed"
-                out["error"] = (
-                    "; ".join(f"{m}: {per_mode[m]['error']}" for m in failed) or "no comparable train rows"
-                )
-                out["verdict"] = "fail"
-                return out
-            passed = max(loss_diffs) <= 1e-3 and (not gn_diffs or max(gn_diffs) <= 1e-2)
-            out["status"] = "ok" if passed else "failed"
-            out["verdict"] = "pass" if passed else "fail"
-            out["detail"] = (
-                f"{out['verdict'].upper()}: {len(common)} updates of 4 microbatches, max |dloss| "
-                f"{max(loss_diffs):.3e}, "
-                f"max rel |dgrad_norm| {fmt(out['max_rel_grad_norm_difference'], '.3e')}"
-            )
-            if not passed:
-                out["error"] = "reduce-overhead with accumulation differs from default"
-            return out
-
-        return Step(
-            "compile-mode",
-            "compile_mode reduce-overhead vs default, 4 microbatches per update, same seed, losses compared",
-            cmds,
-            analyse,
-            min_seconds=60 if self.gpu else 20,
-        )
-
-    # forced attention kernels -------------------------------------------------------------------------------
-
-    def kernel_step(self, backend: str, compiled: bool) -> Step:
-        name = f"kernel-{backend}" + ("-compiled" if compiled else "")
-        output = self.work / f"{name}.worker.json"
-        protocol = ["--warmup", "2", "--steps", "5", "--windows", "1"] if self.gpu else self.worker_protocol()
-        argv = self.tiny_llm(
-            "benchmark-worker",
-            "--config",
-            "20m",
-            *self.worker_shape_sets(),
-            *self.runtime_sets(compile_=compiled),
-            *self.sets(f"runtime.sdpa_backend={backend}"),
-            "--data-mode",
-            "synthetic",
-            *protocol,
-            "--output",
-            str(output),
-        )
-
-        def analyse(step: Step, results: list[dict[str, Any]]) -> dict[str, Any]:
-            out = self.worker_record(output, results[0])
-            out["forced"] = backend
-            kernels = out.get("attention_kernels") or []
-            if out.get("status") == "ok":
-                matches = any(KERNEL_OP[backend] in k for k in kernels)
-                out["kernel_matches_forced"] = matches
-                out["detail"] = f"forced {backend}: ran {out['attention_kernel']}" + (
-                    "" if matches else " (MISMATCH)"
-                )
-                if not matches:
-                    out["status"] = "failed"
-                    out["error"] = f"forced {backend} but the profiled update dispatched {kernels}"
-            else:
-                err = str(out.get("error") or "")
-                out["one_line_error"] = bool(err) and "\n" not in err.strip()
-                out["detail"] = (
-                    f"forced {backend}: failed (unsupported?), one-line error: {out['one_line_error']}"
-                )
-                # A forced kernel the device can't run is expected to fail cleanly: report it, not a crash.
-                out["status"] = (
-                    "unsupported" if out["one_line_error"] and not results[0].get("timed_out") else "failed"
-                )
-            return out
-
-        mode = "compiled" if compiled else "eager"
-        return Step(
-            name,
-            f"benchmark-worker 20m with runtime.sdpa_backend={backend} ({mode}): the kernel that ran",
-            [Command(name, argv, (180 if compiled else 90) if self.gpu else 120)],
-            analyse,
-            min_seconds=(60 if compiled else 20) if self.gpu else 10,
-        )
-
-
 def copy_run_files(run_dir: Path, dest: Path) -> None:
     """The small files of a run directory (not its checkpoints) into OUT."""
-    names = (
-        "status.json",
-        "result.json",
-        "environment.json",
-        "resolved.yaml",
-        "metrics.jsonl",
-        "run.log",
-        "best.json",
-    )
-    for name in names:
+    for name in RUN_FILES:
         src = run_dir / name
         if src.is_file():
             dest.mkdir(parents=True, exist_ok=True)
@@ -987,6 +919,21 @@ def trace_attention_kernels(worker_json: Path) -> list[str] | None:
 # ----------------------------------------------------------------------------- main
 
 
+def select(all_steps: list[Step], only: str | None) -> list[Step]:
+    """The steps --only names (the data step too when a training step needs its cache); SystemExit(2) on an
+    unknown name."""
+    if not only:
+        return all_steps
+    wanted = set(only.split(","))
+    unknown = wanted - {s.name for s in all_steps}
+    if unknown:
+        print(f"error: --only: unknown step(s) {sorted(unknown)}; steps: {[s.name for s in all_steps]}")
+        raise SystemExit(2)
+    if wanted & {"train-resume", "compile-mode"}:
+        wanted.add("data")  # they train on the check's cache
+    return [s for s in all_steps if s.name in wanted]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     # Run directories, caches and traces stay out of OUT (only JSON and logs are meant to be copied back).
@@ -996,32 +943,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         else Path("/tmp") / f"tiny-llm-gpu-check.{time.strftime('%Y%m%d-%H%M%S')}"
     )
     deadline = time.time() + args.budget if args.deadline is None else args.deadline
-    plan = Plan(args.mode, out, work)
-    steps = plan.steps()
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {s.name for s in steps}
-        if unknown:
-            print(f"error: --only: unknown step(s) {sorted(unknown)}; steps: {[s.name for s in steps]}")
-            return 2
-        if wanted & {"train-resume", "compile-mode"}:
-            wanted.add("data")  # they train on the offline cache
-        steps = [s for s in steps if s.name in wanted]
+    setup = Setup(args.mode, out, work)
+    chosen = select(steps(setup), args.only)
     runner = Runner(out, deadline, args.dry_run)
     if args.dry_run:
-        print(f"# mode {args.mode}: output {out}, work {work}; {len(steps)} steps, budget until the deadline")
-        for step in steps:
+        print(
+            f"# mode {args.mode}: output {out}, work {work}; {len(chosen)} steps, budget until the deadline"
+        )
+        for step in chosen:
             runner.run_step(step)
         return 0
     (out / "logs").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     print(
-        f"gpu-check ({args.mode}): {len(steps)} steps, {runner.left():.0f} s budget; JSON and logs in {out}",
+        f"gpu-check ({args.mode}): {len(chosen)} steps, {runner.left():.0f} s budget; JSON and logs in {out}",
         flush=True,
     )
-    for step in steps:
-        record = runner.run_step(step)
-        plan.records_by_name[step.name] = record
+    for step in chosen:
+        setup.records[step.name] = runner.run_step(step)
     summary = {
         "mode": args.mode,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runner.started)),
@@ -1058,14 +997,7 @@ def main() -> int:
     run.add_argument("--deadline", type=float, default=None, help="absolute deadline (epoch seconds)")
     run.add_argument("--only", default=None, help="comma-separated step names")
     run.add_argument("--dry-run", action="store_true")
-    corpus = sub.add_parser("corpus", help="write the offline C4-format corpus")
-    corpus.add_argument("--output", required=True)
-    corpus.add_argument("--chars", type=int, default=CORPUS_CHARS)
-    args = parser.parse_args()
-    if args.command == "corpus":
-        print(json.dumps(write_corpus(Path(args.output), args.chars)))
-        return 0
-    return cmd_run(args)
+    return cmd_run(parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -61,9 +61,10 @@ RUN_ARGS=(benchmarks/gpu_check.py run --mode "$MODE" --out "$OUT_DIR" --deadline
 
 INSTALL_CMDS=(
     "timeout 240 $PY -m pip install $TORCH_PIN"
-    "timeout 180 $PY -m pip install -e ."
+    "timeout 180 $PY -m pip install -e .[demo]"
 )
-IMPORT_CHECK="import torch, tiny_llm, numpy, yaml, tokenizers, safetensors, datasets"
+# The data step builds the embedded demo corpus from the gensim wheel's files (the demo extra).
+IMPORT_CHECK="import torch, tiny_llm, numpy, yaml, tokenizers, safetensors, datasets, gensim"
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "# gpu_check --dry-run: mode $MODE, output $OUT_DIR, budget ${BUDGET} s; nothing is executed"

@@ -18,7 +18,7 @@ import torch
 
 from tiny_llm.budget import flops_per_token, parameter_count
 from tiny_llm.config import load_recipe
-from tiny_llm.runner import build_engine
+from tiny_llm.engines import build_engine
 from tiny_llm.runtime.device import peak_memory_bytes, setup_runtime, synchronize
 
 

@@ -129,6 +129,8 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
 
 def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
     """Every epoch boundary must be a multiple of N blocks, and no epoch may be empty (recipe validation)."""
+    if recipe.decentralized is None:
+        return []
     n = recipe.decentralized.num_models
     bounds = make_budget(recipe).epoch_boundaries
     if all(b % n == 0 for b in bounds) and len(set(bounds)) == len(bounds) and bounds[0] > 0:

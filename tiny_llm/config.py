@@ -278,9 +278,10 @@ def parse_set(assignment: str) -> dict[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    nested: Any = value
     for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
+        nested = {part: nested}
+    return nested
 
 
 def load_recipe(configs: list[str] | None = None, sets: list[str] | None = None) -> RecipeConfig:
@@ -352,7 +353,7 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         if value not in choices or isinstance(value, bool):
             problems.append(f"{key}: expected one of {', '.join(map(str, choices))}, got {_describe(value)}")
         return value
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, {} if value is None else value, f"{key}.", problems)
     if hint is bool:
         if not isinstance(value, bool):

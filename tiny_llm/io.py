@@ -86,7 +86,11 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` via temp file + fsync + rename."""
-    atomic_write_with(path, lambda handle: handle.write(data))
+
+    def write(handle: BinaryIO) -> None:
+        handle.write(data)
+
+    atomic_write_with(path, write)
 
 
 @contextlib.contextmanager

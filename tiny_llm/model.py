@@ -10,6 +10,7 @@ training and evaluation never touch it.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +174,9 @@ class KVCache:
 class Llama(nn.Module):
     """inputs [b, t<=L] int64 -> logits [b, t, V]."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, *, reference_attention: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
@@ -193,7 +197,7 @@ class Llama(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         residual_std = std / math.sqrt(2 * self.cfg.num_layers)
-        for block in self.blocks:
+        for block in cast("list[Block]", self.blocks):
             nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.ffn.down_proj.weight, mean=0.0, std=residual_std)
 
@@ -216,7 +220,7 @@ class Llama(nn.Module):
             )
         x = self.embed(inputs)
         cos, sin = self.rope_cos[start : start + t], self.rope_sin[start : start + t]
-        for layer, block in enumerate(self.blocks):
+        for layer, block in enumerate(cast("list[Block]", self.blocks)):
             x = block.decode(x, cos, sin, cache, layer)
         cache.length = start + t
         return F.linear(self.norm(x), self.embed.weight)

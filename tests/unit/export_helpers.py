@@ -10,7 +10,7 @@ import pytest
 from train_helpers import small_recipe
 
 from tiny_llm.config import RecipeConfig, load_recipe
-from tiny_llm.runner import run_training
+from tiny_llm.engines import run_training
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # everything below loads from local directories only
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,9 +27,9 @@ from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.budget import make_budget
 from tiny_llm.config import load_recipe
 from tiny_llm.data.cache import open_cache
+from tiny_llm.engines import build_engine
 from tiny_llm.errors import DataError, RunStateError
 from tiny_llm.model import Llama
-from tiny_llm.runner import build_engine
 from tiny_llm.train import checkpoint, loop
 
 FAST = {"noise_samples": 3, "random_samples": 2, "directions_per_pass": 4}
@@ -255,6 +253,28 @@ def test_noise_directions_are_batch_gradients_minus_the_epoch_mean(
     assert result["epoch_loss"] == pytest.approx(sum(r["batch_loss"] for r in noise) / len(noise), rel=1e-5)
 
 
+# `analyze` that SIGKILLs itself right after its third sample file is written: a kill at a known point,
+# with no polling race between the test and the job.
+KILLED_AFTER_THREE_SAMPLES = """
+import os, signal, sys
+from tiny_llm.analysis.job import AnalysisJob
+from tiny_llm.cli import main
+
+write = AnalysisJob.write_sample
+
+
+def write_then_die(self, row):
+    write(self, row)
+    if len(list(self.samples_dir.glob("*.json"))) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+AnalysisJob.write_sample = write_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # three whole analysis jobs, two of them in fresh processes
 def test_resume_after_a_kill_mid_samples_equals_an_uninterrupted_job(
     trained: TrainedRun, tmp_path: Path
 ) -> None:
@@ -269,16 +289,11 @@ def test_resume_after_a_kill_mid_samples_equals_an_uninterrupted_job(
     )
     done = run_analysis(trained.run_dir, "epoch-003", straight, settings, log=lambda _: None)
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        [*args, "--output", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((killed / "samples").glob("*.json"))) < 3:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    dying = [sys.executable, "-c", KILLED_AFTER_THREE_SAMPLES, *args[3:], "--output", str(killed)]
+    process = subprocess.run(dying, capture_output=True, text=True, timeout=300)
+    assert process.returncode == -signal.SIGKILL, process.stderr
     written = len(list((killed / "samples").glob("*.json")))
-    assert 3 <= written < 6, "the kill came too late to leave samples to measure"
+    assert written == 3
     assert (killed / "state" / "mean-gradient.pt").is_file() and not (killed / "result.json").exists()
     resumed = subprocess.run([*args, "--output", str(killed)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr

@@ -98,3 +98,20 @@ def test_the_profilers_one_cycle_warning_is_not_shown(monkeypatch: pytest.Monkey
             pass
         with pytest.raises(DeprecationWarning), quiet_profile(cuda=False):
             warnings.warn("other warnings still show", DeprecationWarning, stacklevel=1)
+
+
+def test_one_filter_names_operators_and_kernels_not_the_autograd_nodes_around_them() -> None:
+    """Training (environment.json) and the benchmark worker name kernels with the same filter."""
+    from tiny_llm.runtime.device import attention_kernels
+
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    with quiet_profile(cuda=False) as prof:
+        attention(q).backward()
+    every = {e.key for e in prof.key_averages()}
+    assert any("Backward0" in k for k in every)  # the profile holds autograd nodes of the attention
+    names = attention_kernels(prof)
+    assert names and all("Backward0" not in k and not k.startswith("autograd::") for k in names)
+    assert any("scaled_dot_product" in k for k in names)
+    reference = torch.randn(1, 2, 8, 8, requires_grad=True)
+    kernels = dispatched_attention_kernels(lambda: reference.softmax(-1).sum().backward())
+    assert any("softmax" in k for k in kernels)  # the reference attention's softmax counts too

@@ -12,8 +12,8 @@ from tiny_llm.bench import profiling
 from tiny_llm.bench.worker import WorkerOptions, median_window, run_worker
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
+from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError
-from tiny_llm.runner import build_engine
 from tiny_llm.runtime.device import setup_runtime
 from tiny_llm.runtime.mfu import PEAK_FLOPS_ENV, Peak, gpu_peak, mfu, peak_flops
 

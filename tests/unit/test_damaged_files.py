@@ -19,9 +19,9 @@ from train_helpers import metric_rows, small_recipe
 
 from tiny_llm import campaign
 from tiny_llm.cli import main
+from tiny_llm.engines import run_training
 from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
 from tiny_llm.io import atomic_write_text, read_json, read_yaml
-from tiny_llm.runner import run_training
 from tiny_llm.runtime import signals
 from tiny_llm.train import checkpoint, loop
 
@@ -397,3 +397,17 @@ def test_a_non_finite_validation_stops_the_run_as_diverged(
     assert record_divergence(run_dir, 1) == 0
     result = read_json(run_dir / "result.json")
     assert result["status"] == "diverged" and result["step"] == 22 and result["final_validation"] is None
+
+
+def test_every_metrics_reader_drops_a_torn_last_line_the_same_way(tmp_path: Path) -> None:
+    from tiny_llm.analysis.summary import training_norms
+    from tiny_llm.train.metrics import MetricsLog, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    assert read_metrics(path) == []
+    rows = [{"event": "train", "step": s, "tokens": 64 * s, "loss": 3.0, "grad_norm": 0.5} for s in (1, 2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "train", "st')
+    assert read_metrics(path) == rows == MetricsLog(path).rows()
+    assert training_norms(path) == [(1, 0.5), (2, 0.5)]
+    path.write_text(json.dumps(rows[0]) + "\n7\n")  # a torn row that happens to parse is not a row either
+    assert read_metrics(path) == rows[:1]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -82,25 +81,32 @@ def test_sentencepiece_model_loads_without_bos_and_keeps_literal_specials(tmp_pa
 
 
 def test_hub_sources_fail_fast_offline(tiny_recipe_args, tmp_path, monkeypatch):
+    """Offline, the hub is never contacted; otherwise one TCP probe, bounded by PROBE_TIMEOUT_S, decides."""
     base = tiny_recipe_args(tmp_path / "cache")
+    probes: list[float] = []
+    reachable = sources.hub_reachable
+
+    def recorded(timeout: float = sources.PROBE_TIMEOUT_S) -> bool:
+        probes.append(timeout)
+        return reachable(timeout)
+
+    monkeypatch.setattr(sources, "hub_reachable", recorded)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for override, what in (
         ("data.dataset=allenai/c4", "dataset allenai/c4"),
         ("data.tokenizer=org/tok", "tokenizer"),
     ):
         recipe = load_recipe(["tiny"], [*base, override])
-        started = time.perf_counter()
         with pytest.raises(DataError, match=f"{what}.* needs the Hugging Face hub but HF_HUB_OFFLINE"):
             prepare_cache(recipe, progress=False)
-        assert time.perf_counter() - started < 2.0
+    assert probes == []
     # Without the offline switch a fast TCP probe decides (here: a closed local port).
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(sources, "_hub_endpoint", lambda: "http://127.0.0.1:9")
-    started = time.perf_counter()
     with pytest.raises(DataError, match="not reachable"):
         prepare_cache(load_recipe(["tiny"], [*base, "data.dataset=allenai/c4"]), progress=False)
-    assert time.perf_counter() - started < 2.0
+    assert probes == [sources.PROBE_TIMEOUT_S]  # one probe, its wait bounded
     assert not (tmp_path / "cache").exists()
 
 

@@ -8,27 +8,31 @@ lazy import is still a dependency), so nothing is imported to run these checks. 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import tiny_llm
 
 PACKAGE_DIR = Path(tiny_llm.__file__).parent
+ROOT = PACKAGE_DIR.parent
 
 # Higher layers may import lower ones; a layer never imports a higher one or a sibling of its own rank.
-# Modules outside these groups (config, budget, model, io, errors, data, campaign, report, ...) are core.
+# Modules outside these groups are core. docs/architecture.md states the same table (checked below).
 LAYER_RANKS = {
     "core": 0,
     "runtime": 1,  # device, environment, signals, optimizer helpers, MFU, the engine contract
     "train": 2,  # the ordinary engine, the training loop, checkpoints, metrics, evaluation
     "packed": 2,  # the packed engine and its parts
-    "runner": 3,  # which engine a recipe needs; the training and evaluation entry points
+    "engines": 3,  # which engine a recipe needs; the training and evaluation entry points
     "analysis": 3,  # second-order analysis of saved states (stands on data, runtime, train, packed)
-    "bench": 4,  # benchmark workers, tuner, summaries
+    "report": 3,  # comparison report of finished runs (reads metrics as train writes them; torch-free)
+    "bench": 4,  # benchmark workers, the packed benchmark, profiling
+    "tuning": 4,  # the staged throughput tuner (runs the benchmark worker as a process)
     "export": 4,  # Hugging Face export, generation, sample tables
     "pipeline": 5,  # the workflow plan
     "commands": 6,  # the CLI (tiny_llm.cli, tiny_llm.__main__, tiny_llm.commands.*)
 }
-GROUP_OF_TOP_MODULE = {"runner": "runner", "cli": "commands", "__main__": "commands"}
+GROUP_OF_TOP_MODULE = {"engines": "engines", "cli": "commands", "__main__": "commands"}
 
 
 def module_name(path: Path) -> str:
@@ -144,6 +148,33 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def layer_order() -> str:
+    """The layers in one line, lowest first: ``core <- runtime <- train | packed <- ...``."""
+    ranks = sorted(set(LAYER_RANKS.values()))
+    return " <- ".join(" | ".join(k for k, v in LAYER_RANKS.items() if v == r) for r in ranks)
+
+
+def documented_layers() -> dict[str, tuple[int, set[str]]]:
+    """docs/architecture.md's layer table: layer -> (rank, its top-level packages and modules)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| (\w+) \| (.+) \|$", text, re.M)
+    return {layer: (int(rank), set(re.findall(r"`(\w+)/?`", names))) for rank, layer, names in rows}
+
+
+def test_the_docs_state_the_same_layers_and_packages() -> None:
+    documented = documented_layers()
+    assert {layer: rank for layer, (rank, _) in documented.items()} == LAYER_RANKS
+    tops = {name.split(".")[1] for name in library_modules() if "." in name}
+    listed = [name for _, names in documented.values() for name in names]
+    assert sorted(listed) == sorted(tops), "docs/architecture.md's layer table must name each package once"
+    for layer, (_, names) in documented.items():
+        for name in names:
+            assert layer_of(f"tiny_llm.{name}") == layer, f"docs put {name} in {layer}"
+    for doc in ("docs/architecture.md", "README.md"):
+        text = " ".join((ROOT / doc).read_text(encoding="utf-8").split())
+        assert layer_order() in text, f"{doc} must state the layers as: {layer_order()}"
+
+
 def test_imports_are_read_at_any_depth_but_not_for_type_checking(tmp_path: Path) -> None:
     source = tmp_path / "engine.py"
     source.write_text(
@@ -168,9 +199,7 @@ def test_the_library_has_no_import_cycles() -> None:
 
 def test_layers_point_one_way() -> None:
     violations = layer_violations(import_graph())
-    ranks = sorted(set(LAYER_RANKS.values()))
-    order = " <- ".join(" | ".join(k for k, v in LAYER_RANKS.items() if v == r) for r in ranks)
-    assert not violations, f"layer order {order} broken:\n  " + "\n  ".join(violations)
+    assert not violations, f"layer order {layer_order()} broken:\n  " + "\n  ".join(violations)
 
 
 def test_no_module_imports_snakemake() -> None:

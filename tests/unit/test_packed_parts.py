@@ -13,12 +13,24 @@ from tiny_llm.packed.mixing import (
     consensus_schedule,
     mix_,
     mix_tensor_lists_,
-    mixing_matrix,
     peers,
 )
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_
 
 TOPOLOGIES = ("complete", "one_peer_ring", "one_peer_exponential")
+
+
+# The matrix mix_ applies, written out densely (the reference the in-place mixing is checked against).
+def mixing_matrix(topology: str, num_models: int, step: int, gamma: float = 1.0) -> torch.Tensor:
+    """``W' = gamma W + (1 - gamma) I`` in float64; row i holds worker i's weights over all workers."""
+    n = num_models
+    if topology == "complete":
+        w = torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    else:
+        w = 0.5 * torch.eye(n, dtype=torch.float64)
+        for i, j in enumerate(peers(topology, n, step)):
+            w[i, j] += 0.5
+    return gamma * w + (1.0 - gamma) * torch.eye(n, dtype=torch.float64)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from train_helpers import metric_rows
 
 from tiny_llm.config import load_recipe
+from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.errors import RunStateError
 from tiny_llm.packed.engine import PackedEngine
-from tiny_llm.runner import evaluate_checkpoint, run_training
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import dispatched_attention_kernels
 

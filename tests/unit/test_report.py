@@ -15,16 +15,10 @@ import yaml
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe, recipe_to_dict
 from tiny_llm.errors import DataError
-from tiny_llm.report import (
-    GIB,
-    TABLE_HEADER,
-    collect_runs,
-    differing_keys,
-    draw_curves,
-    run_labels,
-    table_cells,
-    write_report,
-)
+from tiny_llm.report import write_report
+from tiny_llm.report.curves import differing_keys, draw_curves, run_labels
+from tiny_llm.report.records import collect_runs
+from tiny_llm.report.tables import GIB, TABLE_HEADER, table_cells
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

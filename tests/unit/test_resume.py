@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from train_helpers import cli_sets, metric_rows, small_recipe
 
+from tiny_llm.engines import run_training
 from tiny_llm.errors import RunStateError
 from tiny_llm.io import exclusive_lock, read_json
-from tiny_llm.runner import run_training
 from tiny_llm.runtime import signals
 from tiny_llm.train import loop
 

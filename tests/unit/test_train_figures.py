@@ -14,8 +14,8 @@ import pytest
 import torch
 from train_helpers import small_recipe
 
+from tiny_llm.engines import run_training
 from tiny_llm.io import read_json
-from tiny_llm.runner import run_training
 from tiny_llm.runtime import signals
 from tiny_llm.train import checkpoint, loop
 from tiny_llm.train.engine import ModelEngine

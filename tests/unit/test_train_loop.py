@@ -13,8 +13,8 @@ from train_helpers import small_recipe
 
 from tiny_llm.budget import make_budget
 from tiny_llm.cli import main
+from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.io import read_json
-from tiny_llm.runner import evaluate_checkpoint, run_training
 from tiny_llm.runtime import device as device_module
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.train.engine import ModelEngine

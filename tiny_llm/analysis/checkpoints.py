@@ -96,7 +96,8 @@ def _packed_weights(engine: dict[str, Any]) -> tuple[dict[str, torch.Tensor], li
     """Averaged and per-worker weights from a packed state's arena ([N, width]) and layout."""
     arena = engine["arena"]
     mean = arena.float().mean(dim=0)  # as PackedLlama.copy_average_to
-    average, workers = {}, [{} for _ in range(arena.shape[0])]
+    average: dict[str, torch.Tensor] = {}
+    workers: list[dict[str, torch.Tensor]] = [{} for _ in range(arena.shape[0])]
     for entry in engine["layout"]:
         start, numel, shape = entry["start"], entry["numel"], tuple(entry["shape"])
         average[entry["name"]] = mean[start : start + numel].view(shape).clone()
@@ -138,7 +139,7 @@ def load_saved_weights(
     else:
         step, epoch, tokens = _position(recipe, stem)
         worker_weights = None
-        if packed and workers:
+        if packed and workers and recipe.decentralized is not None:
             num_models = recipe.decentralized.num_models
             files = [path.parent / f"node-{i:03d}" / path.name for i in range(num_models)]
             missing = [str(f) for f in files if not f.is_file()]

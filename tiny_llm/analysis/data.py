@@ -22,6 +22,7 @@ from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig
 from tiny_llm.data.cache import TokenCache
 from tiny_llm.data.loader import TrainLoader
+from tiny_llm.data.sources import Split
 from tiny_llm.errors import DataError
 
 
@@ -91,7 +92,7 @@ class _ShiftedCache:
     def check_capacity(self, tokens: int) -> None:
         self.cache.check_capacity(self.offset + tokens)
 
-    def read(self, split: str, start: int, stop: int) -> np.ndarray:
+    def read(self, split: Split, start: int, stop: int) -> np.ndarray:
         return self.cache.read(split, self.offset + start, self.offset + stop)
 
 
@@ -140,7 +141,8 @@ def load_epoch(
         bpr = loader.blocks_per_range
     finally:
         loader.close()
-    batches, offset = [], 0
+    batches: list[EffectiveBatch] = []
+    offset = 0
     for update, n in enumerate(updates):
         for worker in range(workers):
             batches.append(

@@ -16,6 +16,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -108,7 +109,7 @@ def curvature_pass(
         if grad_acc is not None:
             torch._foreach_add_(grad_acc, [g.detach() for g in grads])
         for index, v in enumerate(views):
-            directional = sum(_dot(g, u) for g, u in zip(grads, v, strict=True))
+            directional = cast(torch.Tensor, sum(_dot(g, u) for g, u in zip(grads, v, strict=True)))
             hv = torch.autograd.grad(directional, params, retain_graph=index < len(views) - 1)
             quadratics[index] += sum(_dot(h, u).double() for h, u in zip(hv, v, strict=True))
             if hv_acc is not None:
@@ -133,7 +134,9 @@ def hvp(
     loss_fn: LossFn, flat: FlatParameters, batches: Iterable[torch.Tensor], num_targets: int, v: torch.Tensor
 ) -> torch.Tensor:
     """H v of the token-mean loss over ``batches`` (a re-iterable of microbatches)."""
-    return curvature_pass(loss_fn, flat, batches, num_targets, [v], products=True).products[0]
+    products = curvature_pass(loss_fn, flat, batches, num_targets, [v], products=True).products
+    assert products is not None  # asked for
+    return products[0]
 
 
 def gradient(
@@ -142,6 +145,7 @@ def gradient(
     """Flat gradient and value of the token-mean loss over ``batches``: per microbatch a backward of its
     summed loss / ``num_targets`` accumulated, as the training step accumulates its microbatches."""
     result = curvature_pass(loss_fn, flat, batches, num_targets, gradient=True)
+    assert result.gradient is not None  # asked for
     return result.gradient, result.loss
 
 

@@ -66,11 +66,12 @@ def run_recipe(run_dir: Path, settings: AnalysisConfig) -> RecipeConfig:
         raise RunStateError(f"{run_dir} is not a training run directory (no resolved.yaml)")
     recipe = load_recipe([str(resolved)])
     runtime = recipe.runtime
-    changes = {
-        "device": settings.device or runtime.device,
-        "cpu_threads": settings.threads or runtime.cpu_threads,
-    }
-    return dataclasses.replace(recipe, runtime=dataclasses.replace(runtime, **changes))
+    runtime = dataclasses.replace(
+        runtime,
+        device=settings.device or runtime.device,
+        cpu_threads=settings.threads or runtime.cpu_threads,
+    )
+    return dataclasses.replace(recipe, runtime=runtime)
 
 
 def noise_batches(num_batches: int, settings: AnalysisConfig) -> list[int]:
@@ -248,6 +249,7 @@ class AnalysisJob:
         seconds = time.perf_counter() - pass_started
         share = seconds / (len(group) + (mean is None))
         if mean is None:
+            assert result.gradient is not None  # the pass was asked for it
             mean = {
                 "identity": self.identity["identity"],
                 "gradient": result.gradient.detach().cpu(),
@@ -274,12 +276,16 @@ class AnalysisJob:
             v = rademacher(self.flat.size, self.settings.seed, index, dtype=self.dtype, device=self.device)
             row["norm_squared"] = float(self.flat.size)
         elif kind == "consensus":
+            if self.saved.workers is None:
+                raise RunStateError("consensus samples need the packed run's worker weights")
             worker = self.saved.workers[index]
             mean_weights = self.flat.flatten(p.detach() for p in self.flat.params)
             local = self.flat.flatten(worker[name] for name in self.names)
             v = local.to(device=self.device, dtype=self.dtype) - mean_weights
             row["norm_squared"] = norm_squared(v)
         else:
+            if mean is None:
+                raise RuntimeError("noise samples need the mean gradient of the epoch first")
             started = time.perf_counter()
             batch = self.epoch.batches[index]
             blocks = self.epoch.batch_blocks(batch)
@@ -305,8 +311,9 @@ class AnalysisJob:
         return mean if mean.get("identity") == self.identity["identity"] else None
 
     def finish(self, wanted: list[tuple[str, int]], mean: dict[str, Any]) -> dict[str, Any]:
-        rows = [self.read_sample(kind, index) for kind, index in wanted]
-        if any(row is None for row in rows):
+        found = [self.read_sample(kind, index) for kind, index in wanted]
+        rows = [row for row in found if row is not None]
+        if len(rows) != len(found):
             raise RunStateError(f"{self.samples_dir}: a sample vanished while the job ran; rerun it")
         by_kind = {kind: [r for r in rows if r["kind"] == kind] for kind in ("noise", "random", "consensus")}
         full_norm = math.sqrt(norm_squared(mean["gradient"]))

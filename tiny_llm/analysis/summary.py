@@ -21,7 +21,7 @@ from typing import Any
 
 from tiny_llm.errors import DataError
 from tiny_llm.io import atomic_write_json, atomic_write_text, canonical_json, read_json
-from tiny_llm.report import read_metrics
+from tiny_llm.train.metrics import read_metrics
 
 COLUMNS = (
     "run",

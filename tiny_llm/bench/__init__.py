@@ -1,1 +1,1 @@
-"""Throughput: benchmark worker, packed benchmark and its summary, tuning candidates and runner, profiling."""
+"""Throughput: benchmark worker, packed benchmark and its summary, profiling."""

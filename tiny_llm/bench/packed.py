@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from torch.profiler import record_function
 
 from tiny_llm.bench.worker import SyntheticBatches, total_memory_bytes
 from tiny_llm.budget import parameter_count
-from tiny_llm.config import RecipeConfig, recipe_identity
+from tiny_llm.config import DecentralizedConfig, RecipeConfig, recipe_identity
+from tiny_llm.errors import ConfigError
 from tiny_llm.model import loss_sum
 from tiny_llm.packed.engine import PackedEngine, split_workers
 from tiny_llm.packed.mixing import mix_tensor_lists_
@@ -81,11 +83,18 @@ class PackedRunner:
         self.engine.optimizer.step(lr)
 
 
+def packed_settings(recipe: RecipeConfig) -> DecentralizedConfig:
+    """The recipe's decentralized section; ConfigError for an ordinary recipe."""
+    if recipe.decentralized is None:
+        raise ConfigError("the packed benchmark needs a packed recipe (a decentralized section)")
+    return recipe.decentralized
+
+
 class SequentialRunner:
     """N ordinary models, one after another: what packing replaces."""
 
     def __init__(self, recipe: RecipeConfig, device: torch.device) -> None:
-        dec = recipe.decentralized
+        dec = packed_settings(recipe)
         self.recipe, self.device = recipe, device
         self.num_models, self.topology, self.scheme = dec.num_models, dec.topology, dec.scheme
         self.grad_clip = recipe.optimizer.grad_clip
@@ -111,7 +120,8 @@ class SequentialRunner:
     def clip(self) -> torch.Tensor:
         norms = []
         for params in self.params:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=self.device.type == "cuda")
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, foreach=self.device.type == "cuda")
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
             norms.append(norm)
@@ -151,9 +161,9 @@ def component_pass(runner, batches: Callable[[], torch.Tensor], device: torch.de
     times: dict[str, list[float]] = {name: [] for name in COMPONENTS}
     for i in range(steps):
         blocks = batches()
-        times["compute"].append(_timed(device, lambda b=blocks: runner.compute(b)))
+        times["compute"].append(_timed(device, partial(runner.compute, blocks)))
         times["clipping"].append(_timed(device, runner.clip))
-        times["mixing"].append(_timed(device, lambda s=first + i: runner.mix(s)))
+        times["mixing"].append(_timed(device, partial(runner.mix, first + i)))
         times["optimizer"].append(_timed(device, lambda: runner.optimize(BENCH_LR)))
     return {name: statistics.mean(values) for name, values in times.items()}
 
@@ -226,7 +236,7 @@ def _measure(recipe: RecipeConfig, options: PackedBenchOptions, device: torch.de
 
 def run_packed_benchmark(recipe: RecipeConfig, options: PackedBenchOptions) -> dict[str, Any]:
     """Measure one execution of ``recipe`` (a packed recipe); never raises for a failed measurement."""
-    dec = recipe.decentralized
+    dec = packed_settings(recipe)
     out: dict[str, Any] = {
         "status": "failed",
         "execution": options.execution,

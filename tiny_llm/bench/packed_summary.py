@@ -22,17 +22,15 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     for (n, compiled), pair in sorted(pairs.items()):
         packed, sequential = pair.get("packed"), pair.get("sequential")
         row: dict[str, Any] = {"num_models": n, "compile": compiled}
-        for name, result in (("packed", packed), ("sequential", sequential)):
-            row[name] = None if result is None else _brief(result)
-        ok = all(r is not None and r["status"] == "ok" for r in (packed, sequential))
-        row["speedup"] = sequential["seconds_per_step"] / packed["seconds_per_step"] if ok else None
-        cpu = ok and "process_cpu_seconds_per_step" in packed and "process_cpu_seconds_per_step" in sequential
-        row["cpu_time_ratio"] = (
-            sequential["process_cpu_seconds_per_step"] / packed["process_cpu_seconds_per_step"]
-            if cpu
-            else None
-        )
-        row["memory_ratio"] = packed["peak_memory_bytes"] / sequential["peak_memory_bytes"] if ok else None
+        for name, measured in (("packed", packed), ("sequential", sequential)):
+            row[name] = None if measured is None else _brief(measured)
+        row.update(speedup=None, cpu_time_ratio=None, memory_ratio=None)
+        if packed is not None and sequential is not None and packed["status"] == sequential["status"] == "ok":
+            row["speedup"] = sequential["seconds_per_step"] / packed["seconds_per_step"]
+            cpu = "process_cpu_seconds_per_step"
+            if cpu in packed and cpu in sequential:
+                row["cpu_time_ratio"] = sequential[cpu] / packed[cpu]
+            row["memory_ratio"] = packed["peak_memory_bytes"] / sequential["peak_memory_bytes"]
         rows.append(row)
     return {"rows": rows, "definition": "speedup = sequential seconds/step / packed seconds/step"}
 

@@ -17,7 +17,6 @@ from tiny_llm.runtime.device import quiet_profile, synchronize
 
 REGIONS = ("data", "forward_and_loss", "backward", "clipping", "optimizer")
 TABLE_ROWS = 40
-_ATTENTION_KEYS = ("attention", "sdpa", "flash", "fmha", "cudnn_attn", "efficient_attn")
 
 
 def profile_update(engine, get_blocks: Callable[[], torch.Tensor], lr: float) -> torch.profiler.profile:
@@ -32,19 +31,6 @@ def profile_update(engine, get_blocks: Callable[[], torch.Tensor], lr: float) ->
         engine.train_step(get_blocks(), lr, 0)
         synchronize(engine.device)
     return prof
-
-
-def attention_kernels(prof: torch.profiler.profile) -> list[str]:
-    """Names of the attention operators/kernels the profiled update dispatched."""
-    names = set()
-    for event in prof.key_averages():
-        key = event.key
-        # Autograd graph nodes only wrap the operators; keep the operators and device kernels.
-        if key.startswith("autograd::") or key.endswith(("Backward0", "Backward1")):
-            continue
-        if any(k in key.lower() for k in _ATTENTION_KEYS):
-            names.add(key)
-    return sorted(names)
 
 
 def write_profile(prof: torch.profiler.profile, trace_path: Path, table_path: Path, on_gpu: bool) -> None:

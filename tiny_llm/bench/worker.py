@@ -25,9 +25,9 @@ import torch
 from tiny_llm.bench import profiling
 from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
+from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
-from tiny_llm.runner import build_engine
-from tiny_llm.runtime.device import peak_memory_bytes, setup_runtime, synchronize
+from tiny_llm.runtime.device import attention_kernels, peak_memory_bytes, setup_runtime, synchronize
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
 from tiny_llm.runtime.mfu import Peak, device_peak, matmul_precision, mfu
@@ -223,7 +223,7 @@ def _measure(recipe: RecipeConfig, device: torch.device, options: WorkerOptions,
         out["tokens_per_second"] = best["tokens_per_second"]
         out["peak_memory_bytes"] = peak_memory_bytes(device)
         prof = profiling.profile_update(engine, batches, update.lr())
-        out["attention_kernels"] = profiling.attention_kernels(prof)
+        out["attention_kernels"] = attention_kernels(prof)
         if options.profile_prefix is not None:
             prefix = options.profile_prefix
             trace, table = Path(f"{prefix}.trace.json"), Path(f"{prefix}.profile.txt")

@@ -132,7 +132,7 @@ def _stage(raw: Any, index: int) -> StageConfig:
         raise ConfigError(f"{key}: unknown key(s) {', '.join(unknown)} (allowed: {names})")
     seeds = _seeds(raw.get("seeds"), f"{key}.seeds")
     lists = {name: raw[name] for name in GRID_KEYS if raw.get(name) is not None}
-    points = ()
+    points: tuple[tuple[tuple[str, float], ...], ...] = ()
     if raw.get("points") is not None:
         if lists:
             raise ConfigError(f"{key}: give either points or lists ({', '.join(lists)}), not both")
@@ -140,7 +140,7 @@ def _stage(raw: Any, index: int) -> StageConfig:
     elif index == 0:  # the reference grid's defaults: weight decay 0.1, beta2 0.95 (not the preset's)
         lists = {"weight_decay": [0.1], "beta2": [0.95], **lists}
         lists["lr"] = raw.get("lr")
-    grid = {
+    grid: dict[str, Any] = {
         name: _numbers(values, f"{key}.{name}", positive=name == "lr", below_one=name.startswith("beta"))
         for name, values in lists.items()
     }

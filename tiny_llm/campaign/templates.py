@@ -124,6 +124,8 @@ def child_recipes(
         raise RunStateError(f"{stage_name(stage_index)} needs {needed} parents, got {len(parents)}")
     out = {}
     for run in runs:
+        if run.parent_rank is None:
+            raise RunStateError(f"{run.run_id}: a stage-{stage_index + 1} run has no parent rank")
         optimizer = {**parents[run.parent_rank]["optimizer"], **run.optimizer}
         out[run.run_id] = _run_recipe(template, optimizer, run, run_dir(config, run.stage, run.run_id))
     return out

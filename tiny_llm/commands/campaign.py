@@ -5,8 +5,6 @@
 - ``select --stage N``: rank stage N-1's configurations by the mean final validation loss of their seeds and
   write stage N's recipes (``--run ID``: only that run's recipe, as the workflow does, one job per run).
 - ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
-- ``diverged --run-dir D --exit-code N``: after a failed training job, record a run that stopped on a
-  non-finite loss as a diverged result (ranked last) and exit 0; any other failure exits N.
 - ``estimate``: print the GPU-hour estimate as JSON without a token cache (plan it before preparing C4).
 """
 
@@ -25,7 +23,7 @@ from tiny_llm.io import atomic_write_json, atomic_write_yaml
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("plan", "select", "rank", "estimate", "diverged"))
+    parser.add_argument("action", choices=("plan", "select", "rank", "estimate"))
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--settings",
@@ -39,8 +37,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stage", type=int, help="1-based stage number (select: the stage to create)")
     parser.add_argument("--run", help="select: write only this run's recipe (default: the whole stage)")
-    parser.add_argument("--run-dir", help="diverged: the run directory of the failed job")
-    parser.add_argument("--exit-code", type=int, default=1, help="diverged: the training job's exit code")
 
 
 def _settings(text: str) -> dict[str, Any]:
@@ -115,18 +111,6 @@ def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
     print(f"{campaign.stage_name(index)} best: {describe_best(ranked[0])}")
 
 
-def diverged(run_dir: str | None, exit_code: int) -> int:
-    if not run_dir:
-        raise ConfigError("diverged: --run-dir is required")
-    result = campaign.diverged_result(run_dir, exit_code)
-    if result is None:
-        print(f"training of {run_dir} failed (exit {exit_code}); see its run.log", file=sys.stderr)
-        return exit_code or 1
-    atomic_write_json(Path(run_dir) / "result.json", result)
-    print(f"{run_dir} diverged ({result['error']}); recorded as the stage's last rank")
-    return 0
-
-
 def _config(args: argparse.Namespace) -> campaign.CampaignConfig:
     if args.settings is not None:
         return campaign.config_from_settings(_settings(args.settings))
@@ -149,8 +133,6 @@ def workflow_campaign_settings(config_file: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "diverged":
-        return diverged(args.run_dir, args.exit_code)
     config = _config(args)
     if args.action == "plan":
         plan(config)

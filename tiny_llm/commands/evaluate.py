@@ -48,8 +48,8 @@ def resolve_source(args: argparse.Namespace):  # -> tuple[RecipeConfig, Path]
 
 def run(args: argparse.Namespace) -> int:
     recipe, checkpoint = resolve_source(args)
+    from tiny_llm.engines import evaluate_checkpoint
     from tiny_llm.io import atomic_write_json
-    from tiny_llm.runner import evaluate_checkpoint
 
     result = evaluate_checkpoint(recipe, checkpoint, full=args.full)
     if args.output:

@@ -35,20 +35,9 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_source(args: argparse.Namespace):  # -> tuple[RecipeConfig, Path]
     """The recipe and checkpoint the arguments name (one-line errors for a wrong combination)."""
-    from tiny_llm.config import load_recipe
-    from tiny_llm.errors import ConfigError
-    from tiny_llm.export.runs import best_run_dir, run_inputs
+    from tiny_llm.export.runs import resolve_source as source
 
-    given = [name for name in ("checkpoint", "run", "best_of") if getattr(args, name) is not None]
-    if len(given) != 1:
-        raise ConfigError("give exactly one of --checkpoint (with --config), --run DIR or --best-of RANKING")
-    if args.checkpoint is not None:
-        if not args.config:
-            raise ConfigError("--checkpoint needs --config (the run's resolved.yaml)")
-        return load_recipe(args.config, args.set), args.checkpoint
-    run_dir = args.run if args.run is not None else best_run_dir(args.best_of)
-    recipe_file, checkpoint = run_inputs(run_dir)
-    return load_recipe([str(recipe_file), *(args.config or [])], args.set), checkpoint
+    return source(args.config, args.set, checkpoint=args.checkpoint, run=args.run, best_of=args.best_of)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
-    from tiny_llm.runner import run_training
+    from tiny_llm.engines import run_training
 
     code = run_training(recipe, resume=args.resume, quiet=args.quiet)
     if code and args.record_divergence:

@@ -55,13 +55,13 @@ def _profile_mapping(text: str) -> dict[str, Any]:
 
 
 def _make_plan(args: argparse.Namespace):
-    from tiny_llm.bench.candidates import make_plan, profile_from_dict
+    from tiny_llm.tuning.candidates import make_plan, profile_from_dict
 
     return make_plan(profile_from_dict(args.name, _profile_mapping(args.profile)))
 
 
 def _load_plan(path: str):
-    from tiny_llm.bench.candidates import plan_from_dict
+    from tiny_llm.tuning.candidates import plan_from_dict
 
     if not Path(path).is_file():
         raise ConfigError(f"--plan: file not found: {path}")
@@ -69,8 +69,12 @@ def _load_plan(path: str):
     return plan_from_dict(read_json_mapping(path, rebuild))
 
 
+def _print_result(result: dict[str, Any]) -> None:
+    print(json.dumps({k: result.get(k) for k in ("name", "status", "tokens_per_second")}), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    from tiny_llm.bench import tuner
+    from tiny_llm.tuning import tuner
 
     if args.action == "plan":
         atomic_write_json(args.output, _make_plan(args).to_dict())
@@ -84,11 +88,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = _make_plan(args)
         atomic_write_json(Path(args.results_dir) / "plan.json", plan.to_dict())
-        for slot in plan.slots:
-            if tuner.candidate_paths(args.results_dir, slot.name)["result"].is_file():
-                continue  # finished by an earlier, interrupted invocation
-            result = tuner.run_candidate(plan, slot.name, args.results_dir)
-            print(json.dumps({k: result.get(k) for k in ("name", "status", "tokens_per_second")}), flush=True)
+        tuner.run_slots(plan, args.results_dir, on_result=_print_result)
     try:
         summary = tuner.select(plan, args.results_dir)
     finally:

@@ -87,7 +87,7 @@ class TokenCache:
         while position < stop:
             shard_start = starts[index]
             take = min(stop, shard_start + shards[index]["tokens"]) - position
-            target = memoryview(out[position - start : position - start + take]).cast("B")
+            target = memoryview(out[position - start : position - start + take].data).cast("B")
             self._pread(shards[index]["file"], target, (position - shard_start) * DTYPE.itemsize)
             position += take
             index += 1

@@ -16,7 +16,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -226,7 +226,8 @@ def write_token_cache(
     partial = path.with_name(path.name + ".partial")
     partial.mkdir(parents=True)
     splits = {}
-    for split, tokens in (("train", train), ("validation", validation)):
+    streams: tuple[tuple[Split, np.ndarray], ...] = (("train", train), ("validation", validation))
+    for split, tokens in streams:
         writer = ShardWriter(partial, split, shard_tokens)
         writer.write(np.asarray(tokens, dtype=DTYPE))
         splits[split] = {"tokens": len(tokens), "shards": writer.close()}
@@ -356,7 +357,7 @@ def join_with_eos(ids: list[list[int]], eos: int) -> np.ndarray:
     return np.fromiter(pieces, dtype=DTYPE, count=total)
 
 
-def background(iterator: Iterator[T], depth: int) -> Iterator[T]:
+def background(iterator: Iterator[T], depth: int) -> Generator[T, None, None]:
     """Run ``iterator`` in a daemon thread, ``depth`` items ahead; re-raise its errors here."""
     items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -386,7 +387,7 @@ def background(iterator: Iterator[T], depth: int) -> Iterator[T]:
     thread = threading.Thread(target=produce, name="prepare-reader", daemon=True)
     thread.start()
 
-    def consume() -> Iterator[T]:
+    def consume() -> Generator[T, None, None]:
         try:
             while True:
                 kind, value = items.get()

@@ -7,12 +7,15 @@ cache. Draws come from a seeded generator on the host, so a seed gives the same 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
+from tiny_llm.config import RecipeConfig
 from tiny_llm.export.settings import SamplingConfig
 from tiny_llm.model import KVCache, Llama
 
@@ -132,3 +135,56 @@ def prompt_ids(text_ids: list[int], settings: SamplingConfig, eos_token_id: int)
     if settings.document_start or not text_ids:
         return [eos_token_id, *text_ids]
     return list(text_ids)
+
+
+def continue_text(
+    recipe: RecipeConfig,
+    checkpoint: Path,
+    prompt: str,
+    settings: SamplingConfig,
+    *,
+    device: str = "auto",
+    worker: int | None = None,
+) -> dict[str, Any]:
+    """Continue ``prompt`` with a checkpoint on ``device`` (the recipe's cache gives the tokenizer); what
+    `generate --json` prints: the prompt, its completion, token counts, timings, device and settings."""
+    from tiny_llm.data.cache import open_cache
+    from tiny_llm.data.tokenizer import load_tokenizer
+    from tiny_llm.errors import ConfigError
+    from tiny_llm.export.weights import load_model
+    from tiny_llm.runtime.device import autocast_dtype, compute_context, setup_runtime
+
+    recipe = dataclasses.replace(recipe, runtime=dataclasses.replace(recipe.runtime, device=device))
+    torch_device = setup_runtime(recipe)
+    cache = open_cache(recipe.data.cache_dir, verify=False)
+    cache.check_compatible(recipe)
+    tokenizer = load_tokenizer(str(cache.path / "tokenizer"))
+    model = load_model(recipe, checkpoint, torch_device, worker=worker)
+    ids = prompt_ids(tokenizer.encode_batch([prompt])[0], settings, cache.eos_token_id)
+    context = recipe.model.context_length
+    if len(ids) >= context:
+        raise ConfigError(f"the prompt has {len(ids)} tokens; model.context_length {context} leaves no room")
+    with compute_context(recipe, torch_device):
+        out = generate(
+            model,
+            ids,
+            settings,
+            eos_token_id=cache.eos_token_id,
+            cache_dtype=autocast_dtype(recipe, torch_device),
+        )
+    new = out.tokens[:-1] if out.stop_reason == "eos" else out.tokens
+    return {
+        "prompt": prompt,
+        "completion": tokenizer.decode(new),
+        "prompt_tokens": out.prompt_tokens,
+        "new_tokens": len(out.tokens),
+        "token_ids": out.tokens,
+        "stop_reason": out.stop_reason,
+        "seconds": out.prefill_seconds + out.decode_seconds,
+        "first_token_seconds": out.prefill_seconds,
+        "decode_tokens_per_second": out.tokens_per_second,
+        "device": str(torch_device),
+        "checkpoint": str(checkpoint),
+        "worker": worker,
+        "settings": settings.as_dict(),
+    }

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tiny_llm.errors import DataError
+from tiny_llm.config import RecipeConfig, load_recipe
+from tiny_llm.errors import ConfigError, DataError
 from tiny_llm.io import read_json
 
 WEIGHT_FILES = ("final.safetensors", "final.pt")
@@ -46,3 +47,25 @@ def best_run_dir(ranking: str | Path) -> Path:
     if best.get("loss") is None and not any(loss is not None for loss in seed_losses):
         raise DataError(f"{ranking}: no run of the stage has a final loss (all diverged?); nothing to export")
     return ranking.parent / str(best["run"])
+
+
+def resolve_source(
+    configs: list[str] | None,
+    sets: list[str] | None,
+    *,
+    checkpoint: Path | None = None,
+    run: Path | None = None,
+    best_of: Path | None = None,
+) -> tuple[RecipeConfig, Path]:
+    """The recipe and checkpoint of exactly one source: ``checkpoint`` (with ``configs``), a run directory
+    or a stage ranking's best run (``configs``/``sets`` then apply over its resolved.yaml)."""
+    given = [x for x in (checkpoint, run, best_of) if x is not None]
+    if len(given) != 1:
+        raise ConfigError("give exactly one of --checkpoint (with --config), --run DIR or --best-of RANKING")
+    if checkpoint is not None:
+        if not configs:
+            raise ConfigError("--checkpoint needs --config (the run's resolved.yaml)")
+        return load_recipe(configs, sets), checkpoint
+    run_dir = run if run is not None else best_run_dir(best_of)  # type: ignore[arg-type]
+    recipe_file, weights = run_inputs(run_dir)
+    return load_recipe([str(recipe_file), *(configs or [])], sets), weights

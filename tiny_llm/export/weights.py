@@ -31,9 +31,7 @@ _BLOCK_NAMES = {
     "ffn.down_proj.weight": "mlp.down_proj.weight",
 }
 _TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-_BLOCK_NAMES_BACK = {theirs: ours for ours, theirs in _BLOCK_NAMES.items()}
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-_HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 def hf_name(name: str) -> str:
@@ -54,30 +52,6 @@ def to_hf_state_dict(
         hf_name(name): tensor.detach().to("cpu", dtype=dtype or tensor.dtype).contiguous()
         for name, tensor in state.items()
     }
-
-
-def our_name(name: str) -> str:
-    """transformers' Llama name -> our parameter name (KeyError for a name that has none)."""
-    for ours, theirs in _TOP_NAMES.items():
-        if name == theirs:
-            return ours
-    match = _HF_BLOCK.fullmatch(name)
-    if match is None or match[2] not in _BLOCK_NAMES_BACK:
-        raise KeyError(name)
-    return f"blocks.{match[1]}.{_BLOCK_NAMES_BACK[match[2]]}"
-
-
-def from_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' Llama tensors -> our state dict (a tied ``lm_head.weight`` is dropped)."""
-    out = {}
-    for name, tensor in state.items():
-        if name == "lm_head.weight":
-            continue
-        try:
-            out[our_name(name)] = tensor
-        except KeyError:
-            raise DataError(f"not a tiny-llm Llama: unexpected tensor {name}") from None
-    return out
 
 
 def check_worker(recipe: RecipeConfig, worker: int | None, path: Path) -> None:
@@ -132,7 +106,7 @@ def checkpoint_state_dict(
 def _state_from_training_state(
     recipe: RecipeConfig, path: Path, worker: int | None
 ) -> dict[str, torch.Tensor]:
-    from tiny_llm.runner import build_engine
+    from tiny_llm.engines import build_engine
     from tiny_llm.train.checkpoint import load_state
 
     engine = build_engine(recipe, torch.device("cpu"))
@@ -143,7 +117,10 @@ def _state_from_training_state(
             f"{path}: the training state does not fit the recipe's model ({str(exc).splitlines()[0]})"
         ) from None
     if worker is not None:
-        return engine.model.worker_state_dict(worker)  # a packed engine (check_worker saw the recipe)
+        from tiny_llm.packed.engine import PackedEngine
+
+        assert isinstance(engine, PackedEngine)  # check_worker saw a packed recipe
+        return engine.model.worker_state_dict(worker)
     return {k: v.detach().clone() for k, v in engine.eval_model().state_dict().items()}
 
 

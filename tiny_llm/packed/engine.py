@@ -144,7 +144,8 @@ class PackedEngine:
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
             raise NonFiniteError(step, f"non-finite {what} (local losses {local_list}, norms {norm_list})")
-        if needs_clipping(norm_list, self.grad_clip):  # skip a pass over the arena when no worker clips
+        # Skip a pass over the arena when no worker clips.
+        if self.grad_clip is not None and needs_clipping(norm_list, self.grad_clip):
             clip_rows_(self.model.grad_arena, norms, self.grad_clip)
         gamma = self.gamma(lr, update)
         self.apply_update(lr, update, gamma)

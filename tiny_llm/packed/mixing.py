@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,21 +31,11 @@ def peers(topology: str, num_models: int, step: int) -> list[int]:
     return [(i - offset) % num_models for i in range(num_models)]
 
 
-def mixing_matrix(topology: str, num_models: int, step: int, gamma: float = 1.0) -> torch.Tensor:
-    """``W' = gamma W + (1 - gamma) I`` in float64; row i holds worker i's weights over all workers."""
-    n = num_models
-    if topology == "complete":
-        w = torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    else:
-        w = 0.5 * torch.eye(n, dtype=torch.float64)
-        for i, j in enumerate(peers(topology, n, step)):
-            w[i, j] += 0.5
-    return gamma * w + (1.0 - gamma) * torch.eye(n, dtype=torch.float64)
-
-
 @torch.no_grad()
 def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: torch.Tensor) -> None:
-    """Apply ``W'`` to the rows of ``arena`` [N, D] in place (``scratch`` has its shape)."""
+    """Apply ``W' = gamma W + (1 - gamma) I`` to the rows of ``arena`` [N, D] in place (``scratch`` has its
+    shape); row i of W holds worker i's weights over all workers: 1/N each (complete), or 1/2 on itself and
+    1/2 on its ``peers`` entry."""
     if gamma == 0.0:
         return
     if topology == "complete":
@@ -64,7 +55,9 @@ def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: t
 
 
 @torch.no_grad()
-def mix_tensor_lists_(tensors: list[list[torch.Tensor]], topology: str, step: int, gamma: float) -> None:
+def mix_tensor_lists_(
+    tensors: Sequence[Sequence[torch.Tensor]], topology: str, step: int, gamma: float
+) -> None:
     """The same mixing for N separate models: ``tensors[i]`` is worker i's parameter list.
 
     Used by the sequential baseline of the packed benchmark.

@@ -34,6 +34,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 class PackedLlama(nn.Module):
     """inputs [N, b, t] int64 -> logits [N, b*t, V]; worker i uses row i of every arena."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(
         self, template: Llama, num_models: int, device: torch.device, *, reference_attention: bool = False
     ) -> None:

@@ -7,9 +7,9 @@ from its recipe (tiny_llm.analysis.names), and an analysed plain or packed run s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
-from tiny_llm.analysis.names import CASES, cache_tokens_needed, missing_checkpoints, saved_checkpoints
+from tiny_llm.analysis.names import cache_tokens_needed, missing_checkpoints, saved_checkpoints
 from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.config import RecipeConfig
 from tiny_llm.errors import ConfigError
@@ -75,7 +75,9 @@ class AnalysisPlan:
         values = {key: self.section[key] for key in SETTING_KEYS}
         try:
             return AnalysisConfig(
-                case=case, directions_per_pass=self.section["directions_per_pass"], **values
+                case=cast(Literal["seen", "unseen"], case),
+                directions_per_pass=self.section["directions_per_pass"],
+                **values,
             )
         except ConfigError as exc:
             raise ConfigError(f"analysis: {exc}") from None
@@ -154,8 +156,3 @@ class AnalysisPlan:
     def targets(self) -> list[str]:
         return [path for name in self.runs for path in self.summary_files(name)]
 
-
-def check_cases(section: dict[str, Any]) -> None:
-    unknown = sorted(set(section["cases"]) - set(CASES))
-    if unknown:
-        raise ConfigError(f"analysis.cases: {', '.join(unknown)} (cases: {', '.join(CASES)})")

@@ -55,7 +55,8 @@ def coerce_numbers(instance: Any, schema: dict[str, Any]) -> Any:
             instance[key] = coerce_numbers(value, sub)
         return instance
     if isinstance(instance, list):
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        raw_items = schema.get("items")
+        items: dict[str, Any] = raw_items if isinstance(raw_items, dict) else {}
         for i, value in enumerate(instance):
             instance[i] = coerce_numbers(value, items)
         return instance

@@ -7,7 +7,6 @@ from typing import Any
 
 import yaml
 
-from tiny_llm.bench.candidates import profile_from_dict, slot_names
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
@@ -20,8 +19,9 @@ from tiny_llm.pipeline.layout import (
 )
 from tiny_llm.pipeline.recipes import RecipeBook, flatten, set_value
 from tiny_llm.pipeline.stage import Resources
+from tiny_llm.tuning.candidates import profile_from_dict, slot_names
 
-# Workflow-only keys of a profile (the rest are tiny_llm.bench.candidates.TuningProfile fields).
+# Workflow-only keys of a profile (the rest are tiny_llm.tuning.candidates.TuningProfile fields).
 WORKFLOW_KEYS = ("size", "overrides")
 
 

@@ -308,13 +308,28 @@ def quiet_profile(cuda: bool, **options: Any) -> Iterator[torch.profiler.profile
             yield prof
 
 
-def dispatched_attention_kernels(run_forward_backward) -> list[str]:
+# Name parts of attention operators and device kernels: SDPA's, and the reference attention's softmax.
+ATTENTION_KEYS = ("attention", "sdpa", "flash", "softmax", "fmha", "cudnn_attn", "efficient_attn")
+
+
+def attention_kernels(prof: torch.profiler.profile) -> list[str]:
+    """Names of the attention operators and device kernels a profile recorded. Autograd graph nodes only
+    wrap the operators, so they are left out."""
+    names = set()
+    for event in prof.key_averages():
+        key = event.key
+        if key.startswith("autograd::") or key.endswith(("Backward0", "Backward1")):
+            continue
+        if any(k in key.lower() for k in ATTENTION_KEYS):
+            names.add(key)
+    return sorted(names)
+
+
+def dispatched_attention_kernels(run_forward_backward: Callable[[], Any]) -> list[str]:
     """Names of the attention operators one profiled forward+backward actually ran."""
     with quiet_profile(torch.cuda.is_available()) as prof:
         run_forward_backward()
-    keys = ("attention", "sdpa", "flash", "softmax", "fmha", "cudnn_attn")
-    names = {e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)}
-    return sorted(names)
+    return attention_kernels(prof)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

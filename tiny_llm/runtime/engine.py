@@ -3,13 +3,11 @@
 An engine performs one optimizer update from a batch of token blocks. The ordinary
 engine (``tiny_llm.train.engine.ModelEngine``) and the packed one
 (``tiny_llm.packed.engine.PackedEngine``) both implement ``Engine``; which one a recipe
-gets is decided by ``tiny_llm.runner.build_engine``.
+gets is decided by ``tiny_llm.engines.build_engine``.
 
-Two optional methods add to what a run records; the training loop uses them where an engine has
-them: ``attention_kernels() -> list[str]``, the attention operators its update dispatches, for
-environment.json (without it the loop probes ``eval_model()``), and ``result_fields(tokens) -> dict``,
-extra result.json fields given the run's tokens (the packed engine: num_models, tokens_per_model,
-topology, scheme).
+Two methods add to what a run records: ``attention_kernels()``, the attention operators an update
+dispatches (environment.json), and ``result_fields(tokens)``, the engine's own result.json fields (the
+packed engine: num_models, tokens_per_model, topology, scheme; the ordinary engine: none).
 """
 
 from __future__ import annotations
@@ -60,10 +58,18 @@ class Engine(Protocol):
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
     def export_weights(self, path: Path) -> None: ...
+    def attention_kernels(self) -> list[str]:
+        """The attention operators an update dispatches, from one profiled eager forward+backward whose
+        gradients are discarded."""
+        ...
+
+    def result_fields(self, tokens: int) -> dict[str, Any]:
+        """The engine's own result.json fields, given the run's tokens."""
+        ...
 
 
 EngineFactory = Callable[[RecipeConfig, torch.device], Engine]
-"""recipe, device -> a fresh engine (``tiny_llm.runner.build_engine``)."""
+"""recipe, device -> a fresh engine (``tiny_llm.engines.build_engine``)."""
 
 
 def build_model(recipe: RecipeConfig, device: torch.device) -> Llama:

@@ -7,7 +7,7 @@ import random
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,8 +38,9 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {
+    # The legacy tuple: ("MT19937", keys, pos, has_gauss, cached_gaussian).
+    np_state = cast("tuple[Any, ...]", np.random.get_state())
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2])},
         "torch": torch.get_rng_state(),
@@ -168,9 +169,9 @@ def newest_usable_state(
         instead = "no other valid state: starting the run afresh"
     else:
         instead = f"resuming from {chosen[0].name} (step {int(chosen[1]['progress']['step'])}) instead"
-    for exc in damaged:
-        aside = set_aside(exc.path)
-        log(f"warning: {exc.path} is damaged ({exc.reason}); kept as {aside.name}; {instead}")
+    for error in damaged:
+        aside = set_aside(error.path)
+        log(f"warning: {error.path} is damaged ({error.reason}); kept as {aside.name}; {instead}")
     return chosen if chosen is not None else (None, None)
 
 

@@ -1,13 +1,14 @@
 """The ordinary engine: one Llama model's optimizer update from a batch of token blocks.
 
 It implements the runtime's ``Engine`` contract (``tiny_llm.runtime.engine``), as the
-packed engine does; ``tiny_llm.runner.build_engine`` picks one of the two for a recipe.
+packed engine does; ``tiny_llm.engines.build_engine`` picks one of the two for a recipe.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
     compile_loss,
     compute_context,
+    dispatched_attention_kernels,
     sdpa_context,
     to_device,
     uses_compile,
@@ -111,3 +113,20 @@ class ModelEngine:
 
     def export_weights(self, path: Path) -> None:
         write_safetensors(path, self.model.state_dict())
+
+    def attention_kernels(self) -> list[str]:
+        """One profiled eager forward+backward on a single block; the gradients are discarded."""
+        length = self.recipe.model.context_length
+        block = torch.zeros(1, length + 1, dtype=torch.long, device=self.device)
+
+        def run() -> None:
+            with compute_context(self.recipe, self.device):
+                loss_sum(self.model, block[:, :-1], block[:, 1:]).backward()
+
+        kernels = dispatched_attention_kernels(run)
+        self.model.zero_grad(set_to_none=False)  # in place: the engine keeps its gradient tensors
+        return kernels
+
+    def result_fields(self, tokens: int) -> dict[str, Any]:
+        """An ordinary run has no fields of its own."""
+        return {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,7 @@ class EvalResult:
         }
 
 
-def subset_batches(blocks: torch.Tensor, batch_size: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+def subset_batches(blocks: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     for chunk in blocks.split(batch_size):
         yield chunk[:, :-1], chunk[:, 1:]
 
@@ -113,7 +113,7 @@ def evaluate_checkpoint(
     """Validation loss of a .safetensors weights file or a .pt training state (packed: averaged model).
 
     A training state is read into the engine ``build_engine`` makes for the recipe
-    (``tiny_llm.runner.evaluate_checkpoint`` passes the one the recipe needs).
+    (``tiny_llm.engines.evaluate_checkpoint`` passes the one the recipe needs).
     """
     from tiny_llm.data.cache import open_cache
     from tiny_llm.data.loader import iter_validation, validation_subset
@@ -126,13 +126,14 @@ def evaluate_checkpoint(
     cache = open_cache(recipe.data.cache_dir, verify=True)
     cache.check_compatible(recipe)
     if path.suffix == ".safetensors":
-        model: nn.Module = build_model(recipe, device)
+        llama = build_model(recipe, device)
         try:
-            load_weights(model, path)
+            load_weights(llama, path)
         except Exception as exc:
             raise DataError(
                 f"{path}: weights do not fit the recipe's model ({str(exc).splitlines()[0]})"
             ) from None
+        model: nn.Module = llama
     elif path.suffix == ".pt":
         engine = build_engine(recipe, device)
         engine.load_state_dict(load_state(path)["engine"])

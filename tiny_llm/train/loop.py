@@ -23,11 +23,9 @@ from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
 from tiny_llm.errors import DiskFullError, RunStateError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
-from tiny_llm.model import count_parameters, loss_sum
+from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
-    compute_context,
-    dispatched_attention_kernels,
     peak_memory_bytes,
     pin_for,
     reset_peak_memory,
@@ -100,8 +98,24 @@ class Trainer:
         self.elapsed_mark: float | None = None
         """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
-        self.engine: Engine | None = None
-        self.loader: TrainLoader | None = None
+        self._engine: Engine | None = None
+        self._loader: TrainLoader | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise RuntimeError("the trainer has no engine before start()")
+        return self._engine
+
+    @property
+    def loader(self) -> TrainLoader:
+        if self._loader is None:
+            raise RuntimeError("the trainer has no loader before start()")
+        return self._loader
 
     # ------------------------------------------------------------------ setup
 
@@ -111,8 +125,8 @@ class Trainer:
             state = checkpoint.load_state(resume_path)
         if state is not None:
             self._check_compatible(state, resume_path)
-        self.engine = self.build_engine(self.recipe, self.device)
-        self.loader = TrainLoader(
+        self._engine = self.build_engine(self.recipe, self.device)
+        self._loader = TrainLoader(
             self.cache,
             context_length=self.recipe.model.context_length,
             num_blocks=self.budget.num_blocks,
@@ -144,7 +158,7 @@ class Trainer:
             self.recipe.evaluation.seed,
         )
 
-    def _check_compatible(self, state: dict[str, Any], path: Path) -> None:
+    def _check_compatible(self, state: dict[str, Any], path: Path | None) -> None:
         if state["recipe_identity"] == self.identity:
             return
         from tiny_llm.config import identity_differences
@@ -171,27 +185,10 @@ class Trainer:
             parameters=count_parameters(self.engine.eval_model()),
             cache_identity=self.cache.identity,
             recipe_identity=self.identity,
-            attention_kernels=self._attention_kernels(),
+            attention_kernels=self.engine.attention_kernels(),
             compiled=uses_compile(self.recipe),
         )
         atomic_write_json(self.run_dir / "environment.json", env)
-
-    def _attention_kernels(self) -> list[str]:
-        """One profiled eager forward+backward on a single block; gradients are discarded."""
-        if hasattr(self.engine, "attention_kernels"):  # an engine that probes its own update (packed)
-            return self.engine.attention_kernels()
-        model = self.engine.eval_model()
-        if not isinstance(model, torch.nn.Module) or self.recipe.decentralized is not None:
-            return []
-        block = torch.zeros(1, self.recipe.model.context_length + 1, dtype=torch.long, device=self.device)
-
-        def run() -> None:
-            with compute_context(self.recipe, self.device):
-                loss_sum(model, block[:, :-1], block[:, 1:]).backward()
-
-        kernels = dispatched_attention_kernels(run)
-        model.zero_grad(set_to_none=False)  # in place: an engine keeps its gradient tensors
-        return kernels
 
     # ------------------------------------------------------------------ the loop
 
@@ -309,6 +306,8 @@ class Trainer:
         """
         p = self.progress
         epoch = p.pending_epoch
+        if epoch is None:
+            raise RuntimeError("finish_epoch without a pending epoch")
         result, peak = self.evaluate_subset()
         self.metrics.append(self.validation_row("validation", epoch, result, peak))
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
@@ -398,7 +397,7 @@ class Trainer:
         checkpoint.save_state(self.run_dir / name, state)
 
     def interrupt(self) -> int:
-        if self.policy != "none" and self.engine is not None:
+        if self.policy != "none" and self.started:
             try:
                 self.save(checkpoint.LATEST)
                 where = f"state saved to {self.run_dir / checkpoint.LATEST}"
@@ -448,7 +447,7 @@ class Trainer:
             "peak_memory_bytes": p.peak_memory_bytes,
             "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
             "recipe_identity": self.identity,
-            **(self.engine.result_fields(p.tokens) if hasattr(self.engine, "result_fields") else {}),
+            **self.engine.result_fields(p.tokens),
         }
 
     def _write_status(self, status: str, **extra: Any) -> None:
@@ -462,8 +461,8 @@ class Trainer:
         return EXIT_FAILED
 
     def close(self) -> None:
-        if self.loader is not None:
-            self.loader.close()
+        if self._loader is not None:
+            self._loader.close()
 
 
 # ---------------------------------------------------------------------- entry point
@@ -501,7 +500,7 @@ def run_training(
     recipe: RecipeConfig, build_engine: EngineFactory, resume: str | None = None, quiet: bool = False
 ) -> int:
     """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
-    exit codes. ``tiny_llm.runner.run_training`` passes the engine the recipe needs."""
+    exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs."""
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
@@ -523,7 +522,7 @@ def run_training(
         except RunStateError:
             raise
         except Exception as exc:
-            if trainer.engine is None:
+            if not trainer.started:
                 raise
             log(traceback.format_exc())
             return trainer.fail(f"{type(exc).__name__}: {exc}")

@@ -14,6 +14,27 @@ from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
 RESUMABLE_EVENTS = ("train", "validation")
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl ([] if there is none), up to the first line that is not a JSON object.
+
+    Rows are appended one line at a time, so such a line is one torn by a killed process or a full disk,
+    and only ever the last (resuming rewrites the file without it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
+    return rows
+
+
 class MetricsLog:
     """Append-only JSON lines; on resume cut back to the rows the resumed state had produced."""
 
@@ -21,15 +42,7 @@ class MetricsLog:
         self.path = path
 
     def rows(self) -> list[dict[str, Any]]:
-        if not self.path.is_file():
-            return []
-        rows = []
-        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a torn last line from a killed process (or a full disk): resuming rewrites it
-        return rows
+        return read_metrics(self.path)
 
     def truncate_to_step(self, step: int) -> None:
         """Keep train/validation rows at or before ``step`` so a resumed file equals an uninterrupted one."""

@@ -1,4 +1,4 @@
-"""Run a recipe: the engine it needs, its training run, the evaluation of its checkpoints.
+"""Build the engine a recipe needs, and run its training and the evaluation of its checkpoints.
 
 The ordinary engine (``train/``) and the packed one (``packed/``) stand side by side on
 the runtime's engine contract, and the training loop and checkpoint evaluation drive

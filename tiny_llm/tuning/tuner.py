@@ -16,13 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tiny_llm.bench.candidates import (
+from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
+from tiny_llm.tuning.candidates import (
     Slot,
     TuningSchedule,
     apply_overrides,
@@ -30,8 +32,6 @@ from tiny_llm.bench.candidates import (
     rank_results,
     tuned_settings,
 )
-from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
-from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
 
 KILL_GRACE_SECONDS = 5.0
 REBUILD_CANDIDATE = "delete it and rerun the same command: that candidate is measured again"
@@ -60,7 +60,7 @@ def candidate_paths(results_dir: str | Path, slot: str) -> dict[str, Path]:
 
 def earlier_results(plan: TuningSchedule, results_dir: str | Path, slot: str) -> list[dict[str, Any]]:
     """Results of every slot before ``slot`` in plan order (they must exist)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for other in plan.slots:
         if other.name == slot:
             return out
@@ -350,12 +350,16 @@ def select(
     return summary
 
 
-def run_all(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
-    """The whole tuning in one process (each candidate still its own worker process)."""
+def run_slots(
+    plan: TuningSchedule, results_dir: str | Path, on_result: Callable[[dict[str, Any]], None] | None = None
+) -> None:
+    """Run every slot without a result yet, in plan order; ``on_result`` sees each new result."""
     for slot in plan.slots:
-        if not candidate_paths(results_dir, slot.name)["result"].is_file():
-            run_candidate(plan, slot.name, results_dir)
-    return select(plan, results_dir)
+        if candidate_paths(results_dir, slot.name)["result"].is_file():
+            continue  # finished by an earlier, interrupted invocation
+        result = run_candidate(plan, slot.name, results_dir)
+        if on_result is not None:
+            on_result(result)
 
 
 # How plot_summary draws each kind of candidate; a candidate that measured nothing gets a marker at zero.
@@ -392,6 +396,7 @@ def draw_summary(summary: dict[str, Any]) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -446,7 +451,7 @@ def draw_summary(summary: dict[str, Any]) -> Any:
         compact_axis(ax.yaxis)
     axes[0][0].set_ylabel("tokens/s (median window)")
     fig.suptitle(f"tuning {summary['profile']} (selected: {selected})")
-    handles = []
+    handles: list[Artist] = []
     for kind, style in CANDIDATE_KINDS.items():
         if kind not in shown:
             continue

@@ -1,0 +1,84 @@
+"""Comparison report of finished training runs (torch-free; matplotlib for the plot).
+
+``write_report(runs_dir, out_dir)`` finds every run directory with a
+``result.json`` under ``runs_dir`` and writes:
+
+- ``comparison.json``: one row per run {kind "run", run, stage, preset, parameters, lr,
+  weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes, beta1, seed,
+  configuration, status}; for a campaign (a ``campaign.json`` in ``runs_dir``) also one row per
+  configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n, runs, seeds,
+  diverged, ...};
+- ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
+  configurations with their final loss as mean ± SD;
+- ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
+- ``learning-curves.png``: per size, the training loss of the logged windows and the subset validation
+  loss vs training tokens; a configuration with several seeds is drawn as their mean with the seeds'
+  range as a band;
+- ``selected-<size>.yaml``: the complete recipe of each size's best configuration (its first seed's run).
+
+Modules: ``records`` (run directories -> records, grouped and ranked by ``campaign.ranking``), ``tables``
+(Markdown, HTML and the shared CSS), ``curves`` (the learning-curve figure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tiny_llm.errors import DataError
+from tiny_llm.io import atomic_write_json, atomic_write_text
+from tiny_llm.report.curves import plot_curves
+from tiny_llm.report.records import ConfigurationRecord, best_per_size, collect_runs, group_configurations
+from tiny_llm.report.tables import fmt, markdown, table_html
+
+
+def selected_yaml(c: ConfigurationRecord, size: str) -> str:
+    """The best configuration's complete recipe (its first seed's run), aimed at a fresh run directory
+    (training it again must not collide)."""
+    rec = c.first
+    source = rec.recipe.get("runtime", {}).get("output_dir", rec.run)
+    if len(c.members) == 1:
+        header = f"# Best run for size {size}: {rec.run} (final validation loss {fmt(rec.loss, 'loss')})\n"
+    else:
+        spread = f" ± {fmt(c.sd, 'loss')}" if c.sd is not None else ""
+        header = (
+            f"# Best configuration for size {size}: {c.configuration} (final validation loss "
+            f"{fmt(c.mean, 'loss')}{spread} over {len(c.members)} seeds)\n"
+            f"# the recipe of its run {rec.run} (seed {rec.seed})\n"
+        )
+    header += f"# trained in {source}\n"
+    recipe = {**rec.recipe}
+    if isinstance(recipe.get("runtime"), dict):
+        recipe["runtime"] = {**recipe["runtime"], "output_dir": f"runs/selected-{size}"}
+    return header + yaml.safe_dump(recipe, sort_keys=False)
+
+
+def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | None = None) -> dict[str, Any]:
+    """Write all report files; ``sizes`` (if given) must each get a selected-<size>.yaml."""
+    records = collect_runs(runs_dir)
+    configurations = group_configurations(records)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    best = best_per_size(configurations)
+    missing = [s for s in sizes or [] if s not in best]
+    if missing:
+        raise DataError(
+            f"no finished run with a final loss for size(s) {', '.join(missing)} under {runs_dir}"
+        )
+    rows = [r.row() for r in records]
+    if (Path(runs_dir) / "campaign.json").is_file():  # a campaign: one aggregate row per configuration
+        rows += [c.row() for c in configurations]
+    atomic_write_json(out / "comparison.json", rows)
+    plot_curves(records, out / "learning-curves.png")
+    for size, c in best.items():
+        atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(c, size))
+    atomic_write_text(out / "report.md", markdown(records, configurations, best))
+    atomic_write_text(out / "table.html", table_html(records, configurations, best))
+    return {
+        "runs": len(records),
+        "configurations": len(configurations),
+        "best": {size: c.configuration for size, c in best.items()},
+        "output_dir": str(out),
+    }
