@@ -31,6 +31,26 @@ def _tokens_line(meta: dict[str, Any]) -> str:
     return f"- Training tokens: {tokens:,}{extra}"
 
 
+def _gguf_lines(meta: dict[str, Any]) -> list[str]:
+    gguf = meta.get("gguf")
+    if not gguf:
+        return []
+    tok = meta["tokenizer"]
+    return [
+        "",
+        "## llama.cpp",
+        "",
+        f"`{gguf['file']}` holds the same weights and tokenizer for llama.cpp (tokenizer model "
+        f"`{gguf['tokenizer_model']}`, pre-tokenizer `{gguf['pre_tokenizer']}`; no BOS is added). Start a "
+        f"fresh document with EOS (`{tok['eos_token']}`) before the prompt, as in training:",
+        "",
+        "```bash",
+        f"llama-completion -m {meta['name']}/{gguf['file']} -no-cnv --temp 0 -n 48 "
+        f"-p '{tok['eos_token']}The history of'",
+        "```",
+    ]
+
+
 def model_card(meta: dict[str, Any]) -> str:
     """README.md text: what the model is, how it was trained, how to load it, its sample continuations."""
     m, r, cache, tok = meta["model"], meta["recipe"], meta["cache"], meta["tokenizer"]
@@ -97,6 +117,7 @@ def model_card(meta: dict[str, Any]) -> str:
         "print(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))",
         "```",
     ]
+    lines += _gguf_lines(meta)
     samples = meta.get("samples")
     if samples:
         s = samples["settings"]

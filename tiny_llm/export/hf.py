@@ -165,8 +165,12 @@ def export_model(
     dtype: str = "float32",
     worker: int | None = None,
     prompts: PromptSet | None = None,
+    gguf: bool = False,
 ) -> dict[str, Any]:
-    """Write the export directory ``output`` (replacing an older one); return its facts."""
+    """Write the export directory ``output`` (replacing an older one); return its facts.
+
+    ``gguf``: also write ``model.gguf`` for llama.cpp (``tiny_llm.export.gguf_file``).
+    """
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     checkpoint = Path(checkpoint)
@@ -183,6 +187,7 @@ def export_model(
             cache.path, tmp, eos_token_id=cache.eos_token_id, context_length=recipe.model.context_length
         )
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        gguf_facts = _write_gguf(tmp, output.name, recipe, tensors, facts) if gguf else None
         sampling = prompts.sampling if prompts else SamplingConfig()
         _write_json(tmp / "config.json", llama_config(recipe, facts, dtype))
         _write_json(tmp / "generation_config.json", generation_config(facts, sampling))
@@ -238,6 +243,7 @@ def export_model(
                 "dropped_special_token_template": facts.dropped_template,
             },
             "samples": samples,
+            "gguf": gguf_facts,
         }
         _write_json(tmp / EXPORT_FILE, meta)
         (tmp / "README.md").write_text(model_card(meta), encoding="utf-8")
@@ -248,6 +254,22 @@ def export_model(
         "output": str(output),
         **{k: meta[k] for k in ("name", "parameters", "weights", "dtype", "training")},
     }
+
+
+def _write_gguf(
+    directory: Path, name: str, recipe: RecipeConfig, tensors: dict[str, torch.Tensor], facts: TokenizerFacts
+) -> dict[str, Any]:
+    from tiny_llm.export.gguf_file import GGUF_FILE, write_gguf
+
+    vocab = write_gguf(
+        directory / GGUF_FILE,
+        name=name,
+        model=recipe.model,
+        hf_tensors=tensors,
+        tokenizer_dir=directory,
+        facts=facts,
+    )
+    return {"file": GGUF_FILE, "tokenizer_model": vocab.model, "pre_tokenizer": vocab.pre}
 
 
 def _write_json(path: Path, data: Any) -> None:

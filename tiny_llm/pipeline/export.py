@@ -46,6 +46,10 @@ class ExportPlan:
     def ranking(self, size: str) -> str:
         return self.best[size]
 
+    def options(self) -> str:
+        """The export command's options from the section: weight dtype, and --gguf when asked."""
+        return f"--dtype {self.section['dtype']}" + (" --gguf" if self.section["gguf"] else "")
+
     def report_files(self) -> list[str]:
         names = ("models.html", "samples.html", "exports.md", "exports.json")
         return [f"{EXPORTS_REPORT_DIR}/{name}" for name in names]
