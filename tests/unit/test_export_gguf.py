@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from export_helpers import train_small
+from export_helpers import (
+    directory_differences,
+    documented_differences,
+    saved_by_transformers,
+    train_small,
+)
 from safetensors.torch import load_file
 
 from tiny_llm.cli import main
@@ -84,7 +89,7 @@ def check_model_metadata(reader, recipe) -> None:
     assert field(reader, "llama.rope.freq_base") == pytest.approx(m.rope_theta)
     assert field(reader, "llama.attention.layer_norm_rms_epsilon") == pytest.approx(m.norm_eps)
     assert field(reader, "tokenizer.ggml.eos_token_id") == 2
-    assert field(reader, "tokenizer.ggml.bos_token_id") == 1
+    assert field(reader, "tokenizer.ggml.bos_token_id") == 2  # the EOS before every training document
     assert field(reader, "tokenizer.ggml.add_bos_token") is False
     assert field(reader, "tokenizer.ggml.add_eos_token") is False
 
@@ -239,6 +244,19 @@ def test_sentencepiece_export_reads_back(sp_run, sp_tokenizer_dir, tmp_path):
     types = field(reader, "tokenizer.ggml.token_type")
     assert types[:3] == [int(gguf.TokenType.UNKNOWN)] + [int(gguf.TokenType.CONTROL)] * 2
     assert types[3:259] == [int(gguf.TokenType.BYTE)] * 256
+
+
+def test_sentencepiece_export_differs_from_save_pretrained_only_as_listed(sp_run, tmp_path):
+    pytest.importorskip("google.protobuf")  # transformers reads tokenizer.model through protobuf
+    recipe, run_dir = sp_run
+    from tiny_llm.export.hf import export_model
+
+    export_model(recipe, run_dir / "final.safetensors", tmp_path / "sp", gguf=True)
+    theirs = saved_by_transformers(tmp_path / "sp", tmp_path / "theirs")
+    found = directory_differences(tmp_path / "sp", theirs)
+    assert found == documented_differences("sentencepiece", gguf=True)
+    notes = (tmp_path / "sp" / "README.md").read_text().split("## Notes")[1]
+    assert "`tokenizer.model`" in notes and "`model.gguf`" in notes
 
 
 # ------------------------------------------------------------------ Llama-style tokenizer.json (the hub's)
