@@ -326,3 +326,36 @@ def test_llama_style_tokenizer_json_scores_reproduce_its_merges(sp_tokenizer_dir
 def test_gguf_is_not_imported_without_the_switch():
     code = "import sys, tiny_llm.export.hf, tiny_llm.commands.export; assert 'gguf' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------- llama.cpp itself
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["bpe_run", "sp_run"])
+def test_llama_cpp_greedy_output_equals_tiny_llm_generate(run, request, tmp_path, capsys):
+    """32 greedy tokens from llama.cpp (llama-cpp-python) on model.gguf equal `tiny_llm generate`'s."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    recipe, run_dir = request.getfixturevalue(run)
+    assert main(["export", "--run", str(run_dir), "--output", str(tmp_path / "e"), "--gguf"]) == 0
+    prompt = "The history of the city"
+    argv = ["generate", "--run", str(run_dir), "--prompt", prompt, "--temperature", "0"]
+    capsys.readouterr()
+    assert main([*argv, "--max-new-tokens", "32", "--device", "cpu", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    llm = llama_cpp.Llama(
+        model_path=str(tmp_path / "e" / "model.gguf"),
+        n_ctx=recipe.model.context_length,
+        n_threads=1,
+        verbose=False,
+    )
+    eos = llm.token_eos()
+    expected = load_tokenizer(str(Path(recipe.data.cache_dir) / "tokenizer")).encode_batch([prompt])[0]
+    assert llm.tokenize(prompt.encode(), add_bos=False, special=False) == expected
+    new = []
+    sampling = {"temp": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+    for token in llm.generate([eos, *expected], **sampling):
+        new.append(token)
+        if token == eos or len(new) == 32:
+            break
+    assert new == ours["token_ids"]
