@@ -4,6 +4,7 @@ undefined tuning profile, and the closing lines of a run (where to look, which l
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -146,4 +147,21 @@ def test_the_best_run_of_a_campaign_size_is_analysed_once_ranked() -> None:
     ]
     config["analysis"]["runs"] = ["campaign:best-7b"]
     with pytest.raises(ConfigError, match="campaign:best-7b: no campaign stage trains it"):
+        plan_of(config)
+
+
+def test_tracking_reaches_training_jobs_through_the_environment_only() -> None:
+    config = shipped("workflow_config.yaml")
+    plain = plan_of(config)
+    assert plain.tracking_env == {}
+    config["tracking"] = {"tensorboard": True, "wandb": {"project": "demo", "mode": "offline"}}
+    tracked = plan_of(config)
+    section = json.loads(tracked.tracking_env["TINY_LLM_TRACKING"])
+    assert section["tensorboard"] is True and section["wandb"]["project"] == "demo"
+    # Recipes, and so every job's input and identity, stay as they were.
+    assert plain.files.digest_of(list(plain.files._content)) == tracked.files.digest_of(
+        list(tracked.files._content)
+    )
+    config["tracking"] = {"wandb": {"mode": "sometimes"}}
+    with pytest.raises(ConfigError, match="tracking.wandb.mode"):
         plan_of(config)

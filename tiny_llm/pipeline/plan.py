@@ -6,6 +6,7 @@ it imports neither torch nor snakemake.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from tiny_llm import campaign as campaign_lib
 from tiny_llm.budget import make_budget
-from tiny_llm.config import RecipeConfig, deep_merge, recipe_to_dict
+from tiny_llm.config import TRACKING_ENV, RecipeConfig, deep_merge, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.analysis import AnalysisPlan
 from tiny_llm.pipeline.campaign import CampaignPlan
@@ -85,6 +86,22 @@ class WorkflowPlan:
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         if config["sizes"]:
             self.files.add(PREPARE_RECIPE, self._prepare_recipe())
+        self.tracking_env = self.tracking_environment()
+
+    def tracking_environment(self) -> dict[str, str]:
+        """$TINY_LLM_TRACKING for the training jobs: the `tracking` section, checked as a recipe's.
+
+        The environment, not the recipes: turning tracking on or off reruns nothing and leaves every recipe
+        identity and campaign setting as it was. Slurm jobs parse the Snakefile again and get it too.
+        """
+        section = self.config.get("tracking") or {}
+        if not section.get("tensorboard") and not section.get("wandb"):
+            return {}
+        try:
+            recipe_from_dict({"tracking": section})
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("invalid recipe: ", "")) from None
+        return {TRACKING_ENV: json.dumps(section, sort_keys=True)}
 
     def _need_cache(self, *recipes: RecipeConfig) -> None:
         self._cache_needs += [make_budget(recipe).cache_tokens_needed for recipe in recipes]

@@ -41,6 +41,7 @@ from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
+from tiny_llm.train.tracking import Tracker, open_tracker
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -92,6 +93,7 @@ class Trainer:
         self.identity = recipe_identity(recipe, self.cache.identity)
         self.schedule = self.budget.update_schedule()
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.tracker: Tracker | None = None
         self.progress = Progress()
         self.session_tokens = 0
         self.session_updates = 0
@@ -111,6 +113,8 @@ class Trainer:
             state = checkpoint.load_state(resume_path)
         if state is not None:
             self._check_compatible(state, resume_path)
+        self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
+        self.metrics.listener = self.tracker.log_row
         self.engine = self.build_engine(self.recipe, self.device)
         self.loader = TrainLoader(
             self.cache,
@@ -462,6 +466,8 @@ class Trainer:
         return EXIT_FAILED
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
         if self.loader is not None:
             self.loader.close()
 

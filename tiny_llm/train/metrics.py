@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ RESUMABLE_EVENTS = ("train", "validation")
 
 
 class MetricsLog:
-    """Append-only JSON lines; on resume cut back to the rows the resumed state had produced."""
+    """Append-only JSON lines; on resume cut back to the rows the resumed state had produced.
 
-    def __init__(self, path: Path) -> None:
+    ``listener`` also gets every appended row (live tracking).
+    """
+
+    def __init__(self, path: Path, listener: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
+        self.listener = listener
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
@@ -41,6 +46,8 @@ class MetricsLog:
 
     def append(self, row: dict[str, Any]) -> None:
         append_jsonl(self.path, row)
+        if self.listener is not None:
+            self.listener(row)
 
 
 class RunLog:
