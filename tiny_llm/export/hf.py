@@ -35,6 +35,7 @@ from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer, set_bos_
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
 from tiny_llm.io import read_json, replacing_directory
 from tiny_llm.model import Llama
+from tiny_llm.progress import counted
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BOS_SCAN_TOKENS = 16_777_216
@@ -168,7 +169,8 @@ def sample_continuations(
     model.load_state_dict(state)
     model.eval()
     items = []
-    for index, text in enumerate(prompts.prompts):
+    numbered = enumerate(prompts.prompts)
+    for index, text in counted(numbered, total=len(prompts.prompts), desc="samples", unit="prompt"):
         settings = dataclasses.replace(prompts.sampling, seed=prompts.sampling.seed + index)
         ids = prompt_ids(tokenizer.encode_batch([text])[0], settings, eos)
         if len(ids) >= recipe.model.context_length:

@@ -138,6 +138,9 @@ class Trainer:
             self._restore(state)
             self.log(f"resumed from {resume_path} at step {self.progress.step}/{self.budget.num_updates}")
         atomic_write_yaml(self.run_dir / "resolved.yaml", recipe_to_dict(self.recipe))
+        _, start, blocks = self.schedule[-1]
+        total = (start + blocks) * self.recipe.model.context_length  # every update's tokens (packed: all)
+        self.log.start_bar(total, self.progress.tokens, len(self.schedule))
         self._write_status("running")
         self._write_environment()
         self.session_start = time.perf_counter()
@@ -281,7 +284,7 @@ class Trainer:
         self.metrics.append(row)
         per_update = self.session_update_seconds / max(self.session_updates, 1)
         eta = per_update * (len(self.schedule) - p.step)
-        self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta))
+        self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta), row=row, eta=eta)
         p.window = Window()
 
     def elapsed_tokens_per_second(self) -> float:
@@ -466,6 +469,7 @@ class Trainer:
         return EXIT_FAILED
 
     def close(self) -> None:
+        self.log.close_bar()
         if self.tracker is not None:
             self.tracker.close()
         if self.loader is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
+from tiny_llm.progress import TrainBar, on_terminal
 
 RESUMABLE_EVENTS = ("train", "validation")
 
@@ -51,13 +52,24 @@ class MetricsLog:
 
 
 class RunLog:
-    """Human-readable lines to the console and run.log."""
+    """Human-readable lines to the console and run.log; on a terminal, train rows move a bar instead."""
 
     def __init__(self, path: Path, quiet: bool = False) -> None:
         self.path = path
         self.quiet = quiet
+        self.bar: TrainBar | None = None
 
-    def __call__(self, message: str) -> None:
+    def start_bar(self, total_tokens: int, done_tokens: int, num_updates: int) -> None:
+        """Draw train rows as a progress bar where the console is a terminal (lines stay in run.log)."""
+        if not self.quiet and on_terminal() and sys.stdout.isatty():
+            self.bar = TrainBar(total_tokens, done_tokens, num_updates)
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __call__(self, message: str, row: dict[str, Any] | None = None, eta: float = float("nan")) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         try:
             with open(self.path, "a", encoding="utf-8") as handle:
@@ -65,8 +77,14 @@ class RunLog:
         except OSError as exc:  # a full disk: the console still gets the line
             if not is_disk_full(exc):
                 raise
-        if not self.quiet:
+        if self.quiet:
+            return
+        if self.bar is None:
             print(message, file=sys.stdout, flush=True)
+        elif row is not None:
+            self.bar.row(row, format_duration(eta))
+        else:
+            self.bar.write(message)
 
 
 @dataclass
