@@ -165,3 +165,38 @@ def test_tracking_reaches_training_jobs_through_the_environment_only() -> None:
     config["tracking"] = {"wandb": {"mode": "sometimes"}}
     with pytest.raises(ConfigError, match="tracking.wandb.mode"):
         plan_of(config)
+
+
+def test_closing_summary_names_the_best_run_per_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan = plan_of(shipped("workflow_config.yaml"))
+
+    def result(run: str, loss: float | None) -> None:
+        (tmp_path / "results/runs" / run).mkdir(parents=True)
+        final = None if loss is None else {"loss": loss}
+        (tmp_path / "results/runs" / run / "result.json").write_text(json.dumps({"final_validation": final}))
+
+    result("demo-s", 4.5)
+    result("demo-s-wsd", 4.25)
+    result("demo-s-long", None)  # diverged: never the best
+    ranking = tmp_path / "results/campaign/stage3/ranking.json"
+    ranking.parent.mkdir(parents=True)
+    rows = [
+        {"rank": 1, "run": "demo-l-b", "runs": ["demo-l-b"], "run_losses": [3.9]},
+        {
+            "rank": 0,
+            "run": "demo-l-a-s43",
+            "runs": ["demo-l-a-s42", "demo-l-a-s43"],
+            "run_losses": [3.8, 3.7],
+        },
+    ]
+    ranking.write_text(json.dumps(rows))
+    (tmp_path / "results/exports/best-demo-l").mkdir(parents=True)
+    assert plan.best_run_lines() == [
+        "  best demo-s: results/runs/demo-s-wsd loss 4.2500, export not exported (snakemake export)",
+        "  best demo-l: results/campaign/stage3/demo-l-a-s43 loss 3.7000, export results/exports/best-demo-l",
+    ]
+    assert plan.where_to_look()[-2:] == plan.best_run_lines()
+    (tmp_path / "results/campaign/stage1").mkdir(parents=True)
+    (tmp_path / "results/campaign/stage1/ranking.json").write_text("{damaged")  # skipped, not fatal
+    assert len(plan.best_run_lines()) == 2

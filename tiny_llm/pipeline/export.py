@@ -21,12 +21,12 @@ class ExportPlan:
     ) -> None:
         self.section = section
         self.runs = list(runs) if section["runs"] else []
-        self.best = self._best_rankings(campaign) if section["campaign"] and campaign else {}
+        self.best = self.best_rankings(campaign) if section["campaign"] and campaign else {}
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
         files.add(PROMPTS_FILE, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 
     @staticmethod
-    def _best_rankings(campaign: CampaignPlan) -> dict[str, str]:
+    def best_rankings(campaign: CampaignPlan) -> dict[str, str]:
         """Size -> ranking.json of the last stage that trained the size."""
         last = {stage.size: index for index, stage in enumerate(campaign.config.stages)}
         return {size: ranking_path(campaign.config, stage_name(index)) for size, index in last.items()}

@@ -18,7 +18,7 @@ from tiny_llm.config import TRACKING_ENV, RecipeConfig, deep_merge, recipe_from_
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.analysis import AnalysisPlan
 from tiny_llm.pipeline.campaign import CampaignPlan
-from tiny_llm.pipeline.export import EXPORTS_REPORT_DIR, ExportPlan
+from tiny_llm.pipeline.export import EXPORTS_DIR, EXPORTS_REPORT_DIR, ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
     CORPUS_DIR,
@@ -39,6 +39,18 @@ from tiny_llm.pipeline.tuning import TuningPlan
 STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis")
 # Jobs that measure throughput: nothing else may run beside them (see WorkflowPlan.threads).
 TIMED_KINDS = ("tuning", "bench")
+
+
+def _read_json(path: Path) -> Any:
+    """A finished step's JSON, or None where it is missing or unreadable (the summary skips it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and value == value and abs(value) != float("inf") else None
 
 
 @dataclass(frozen=True)
@@ -289,7 +301,39 @@ class WorkflowPlan:
             present = [path for path in files if Path(path).exists()]
             if present:
                 lines.append(f"  {stage:<9} {', '.join(present)}")
+        return lines + self.best_run_lines()
+
+    def best_run_lines(self) -> list[str]:
+        """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage),
+        with its loss and its export directory."""
+        best: dict[str, tuple[float, str, str]] = {}
+        for size, loss, run_dir, export in self._finished_runs():
+            if loss is not None and (size not in best or loss < best[size][0]):
+                best[size] = (loss, run_dir, export)
+        lines = []
+        for size, (loss, run_dir, export) in best.items():
+            exported = export if Path(export).is_dir() else "not exported (snakemake export)"
+            lines.append(f"  best {size}: {run_dir} loss {loss:.4f}, export {exported}")
         return lines
+
+    def _finished_runs(self) -> list[tuple[str, float | None, str, str]]:
+        """(size, final loss or None, run directory, export directory) of every run with a result."""
+        out = []
+        for run, spec in self.config["runs"].items():
+            result = _read_json(Path(job_result(RUNS_DIR, run)))
+            loss = None if result is None else campaign_lib.final_loss(result)
+            out.append((spec["size"], _finite(loss), f"{RUNS_DIR}/{run}", f"{EXPORTS_DIR}/{run}"))
+        if self.campaign is None:
+            return out
+        for size, ranking in ExportPlan.best_rankings(self.campaign).items():
+            rows = _read_json(Path(ranking))
+            if not isinstance(rows, list) or not rows:
+                continue
+            top = min(rows, key=lambda row: row.get("rank", 0))
+            losses = dict(zip(top.get("runs", []), top.get("run_losses", []), strict=False))
+            run_dir = str(Path(ranking).parent / top["run"])
+            out.append((size, _finite(losses.get(top["run"])), run_dir, f"{EXPORTS_DIR}/best-{size}"))
+        return out
 
     # ------------------------------------------------------------------ stages and targets
 
