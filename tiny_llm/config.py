@@ -539,8 +539,12 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
 
 
 def recipe_to_dict(recipe: RecipeConfig) -> dict[str, Any]:
-    """Plain nested dict of every field (what resolved.yaml holds)."""
-    return dataclasses.asdict(recipe)
+    """Plain nested dict of every field (what resolved.yaml holds); an unset ``tracking`` is left out, so
+    recipe files, and the workflow jobs that read them, stay as they were before tracking existed."""
+    data = dataclasses.asdict(recipe)
+    if data["tracking"] is None:
+        del data["tracking"]
+    return data
 
 
 def dump_recipe(recipe: RecipeConfig) -> str:
