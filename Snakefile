@@ -2,6 +2,7 @@
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
 # Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
 import mimetypes
+import os
 import sys
 
 from snakemake.utils import min_version
@@ -44,6 +45,9 @@ try:
     )
 except TinyLLMError as exc:
     sys.exit(f"error: {exc}")  # the message alone: a traceback adds nothing a user can act on
+
+# Live tracking (the config's `tracking` section) reaches every training job through its environment.
+os.environ.update(PLAN.tracking_env)
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job

@@ -1,6 +1,6 @@
 # Trained models leave the pipeline (target `export`): Hugging Face Llama directories that load offline with
-# transformers (config.json, model.safetensors, generation_config.json, the cache's tokenizer, a model card),
-# each sampled on the configured prompts, and their report.
+# transformers (config.json, model.safetensors, generation_config.json, the cache's tokenizer, a model card;
+# model.gguf for llama.cpp with export.gguf), each sampled on the configured prompts, and their report.
 #
 # results/exports/prompts.yaml                     the prompts and sampling settings (written by write_plan_file)
 # results/exports/<run>/                           every plain run's final weights
@@ -30,9 +30,9 @@ rule export_run:
     params:
         run_dir=input_parent,
         plan_files=plan_file_digest,
-        dtype=config["export"]["dtype"],
+        options=PLAN.export.options(),
     shell:
-        "python -m tiny_llm export --run {params.run_dir} --prompts {input.prompts} --dtype {params.dtype} "
+        "python -m tiny_llm export --run {params.run_dir} --prompts {input.prompts} {params.options} "
         "--output {output} > {log} 2>&1"
 
 
@@ -51,9 +51,9 @@ rule export_best:
         **PLAN.resources("export"),
     params:
         plan_files=plan_file_digest,
-        dtype=config["export"]["dtype"],
+        options=PLAN.export.options(),
     shell:
-        "python -m tiny_llm export --best-of {input.ranking} --prompts {input.prompts} --dtype {params.dtype} "
+        "python -m tiny_llm export --best-of {input.ranking} --prompts {input.prompts} {params.options} "
         "--output {output} > {log} 2>&1"
 
 

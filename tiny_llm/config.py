@@ -30,6 +30,8 @@ from tiny_llm.io import canonical_json
 C4_REVISION = "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 TINYLLAMA_TOKENIZER = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
 TINYLLAMA_REVISION = "59f6f375b26bde864a6ca194a9a3044570490064"
+TRACKING_ENV = "TINY_LLM_TRACKING"
+"""A recipe ``tracking`` section as JSON, for runs whose recipe has none (the workflow sets it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +197,30 @@ class DecentralizedConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WandbConfig:
+    """A Weights & Biases run (``pip install -e ".[tracking]"``)."""
+
+    project: str = "tiny-llm"
+    entity: str | None = None
+    """Team or user; null = the account's default."""
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    """offline: files under <output_dir>/wandb, uploaded later with `wandb sync`."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    """Live tracking of a run; not part of the recipe identity. Unset: nothing is imported."""
+
+    tensorboard: bool = False
+    """TensorBoard event files in <output_dir>/tensorboard."""
+    wandb: WandbConfig | None = None
+    name: str | None = None
+    """Run name; null = the run directory's name (a campaign's run id)."""
+    group: str | None = None
+    """Run group; null = <parent directory>/<run name without its -sNN seed suffix>, so seeds sit together."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecipeConfig:
     """A complete training recipe."""
 
@@ -206,6 +232,8 @@ class RecipeConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     decentralized: DecentralizedConfig | None = None
     """Packed decentralized training; null = one ordinary model."""
+    tracking: TrackingConfig | None = None
+    """TensorBoard / W&B; null = none (or $TINY_LLM_TRACKING, which the workflow sets)."""
 
 
 # Fields that never change what a run computes, so a resume may change them.
@@ -219,6 +247,7 @@ EXECUTION_ONLY_FIELDS = frozenset(
         "data.cache_dir",
         "data.prefetch",
         "data.tokenize_batch_size",
+        "tracking",
     }
 )
 
@@ -511,8 +540,12 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
 
 
 def recipe_to_dict(recipe: RecipeConfig) -> dict[str, Any]:
-    """Plain nested dict of every field (what resolved.yaml holds)."""
-    return dataclasses.asdict(recipe)
+    """Plain nested dict of every field (what resolved.yaml holds); an unset ``tracking`` is left out, so
+    recipe files, and the workflow jobs that read them, stay as they were before tracking existed."""
+    data = dataclasses.asdict(recipe)
+    if data["tracking"] is None:
+        del data["tracking"]
+    return data
 
 
 def dump_recipe(recipe: RecipeConfig) -> str:

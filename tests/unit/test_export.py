@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_helpers import load_hf, train_packed, train_small, transformers_module
+from export_helpers import (
+    directory_differences,
+    documented_differences,
+    load_hf,
+    saved_by_transformers,
+    train_packed,
+    train_small,
+    transformers_module,
+)
 from safetensors.torch import load_file
 
 from tiny_llm.cli import main
@@ -92,9 +100,12 @@ def test_export_directory_holds_the_hf_files_and_a_card(tiny_export, tiny_run, t
     assert config["intermediate_size"] == m.ffn_width and config["vocab_size"] == m.vocab_size
     assert config["max_position_embeddings"] == m.context_length == 64
     assert config["rope_theta"] == m.rope_theta and config["rms_norm_eps"] == m.norm_eps
-    assert (config["eos_token_id"], config["bos_token_id"]) == (2, 1)  # </s> and <s> of the trained BPE
+    # BOS is the EOS before every training document; the trained BPE's <s> (id 1) never occurred.
+    assert (config["eos_token_id"], config["bos_token_id"]) == (2, 2)
+    assert config["torch_dtype"] == config["dtype"] == "float32"
     generation = json.loads((tiny_export / "generation_config.json").read_text())
-    assert generation["eos_token_id"] == 2 and generation["do_sample"] is True
+    assert generation["eos_token_id"] == generation["bos_token_id"] == 2 and generation["do_sample"] is True
+    assert generation["top_k"] == 50
     assert "lm_head.weight" not in load_file(str(tiny_export / "model.safetensors"))  # tied
     result = json.loads((run_dir / "result.json").read_text())
     card = (tiny_export / "README.md").read_text()
@@ -103,9 +114,34 @@ def test_export_directory_holds_the_hf_files_and_a_card(tiny_export, tiny_run, t
     assert open_cache(tiny_cache, verify=False).identity in card
     assert "## Samples" in card and "**The history of**" in card
     meta = json.loads((tiny_export / "tiny_llm_export.json").read_text())
+    start = meta["tokenizer"]["document_start"]
+    assert start["id"] == 2 and start["tokenizer_bos_occurrences"] == 0
+    assert start["tokens_checked"] == result["tokens"] and start["occurrences"] > 10
+    assert (
+        f"is id 2 (`</s>`), the EOS that came before every document but the first: {start['occurrences']:,}"
+        in card
+    )
+    assert "`<s>` (id 1) occurred 0 times" in card
     assert meta["training"]["final_validation_loss"] == result["final_validation"]["loss"]
     assert [item["prompt"] for item in meta["samples"]["items"]] == ["The history of", "In the year"]
     assert all(1 <= item["new_tokens"] <= 12 for item in meta["samples"]["items"])
+
+
+def test_directory_differs_from_transformers_save_pretrained_only_as_the_card_says(tiny_export, tmp_path):
+    theirs = saved_by_transformers(tiny_export, tmp_path / "theirs")
+    found = directory_differences(tiny_export, theirs)
+    assert found == documented_differences("tokenizers", gguf=False)
+    notes = (tiny_export / "README.md").read_text().split("## Notes")[1]
+    assert "`config.json` `torch_dtype`" in notes and "`tokenizer.json` `post_processor`" in notes
+    assert "model.gguf" not in notes and "tokenizer.model" not in notes
+
+
+def test_top_k_off_is_the_vocabulary_not_zero(tiny_run, tmp_path):
+    recipe, run_dir = tiny_run
+    prompts = PromptSet((), SamplingConfig(top_k=None, temperature=0.7))
+    export_model(recipe, run_dir / "final.safetensors", tmp_path / "out", prompts=prompts)
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert generation["top_k"] == recipe.model.vocab_size and generation["temperature"] == 0.7
 
 
 def test_config_loads_as_llama_config(tiny_export):
@@ -275,7 +311,7 @@ def test_tokenizer_encodes_held_out_text_as_the_cache(tiny_export, tiny_cache, t
     literal = "Tags like <s> and </s> stay text."
     assert tokenizer(literal)["input_ids"] == ours.encode_batch([literal])[0]
     assert tokenizer.eos_token_id not in tokenizer(literal)["input_ids"]
-    assert (tokenizer.eos_token, tokenizer.bos_token) == ("</s>", "<s>")
+    assert (tokenizer.eos_token, tokenizer.bos_token) == ("</s>", "</s>")
     assert tokenizer.decode(tokenizer(texts[0])["input_ids"]) == texts[0]
 
 

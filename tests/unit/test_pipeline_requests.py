@@ -4,6 +4,7 @@ undefined tuning profile, and the closing lines of a run (where to look, which l
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,6 +86,7 @@ def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
     quiet = plan_of(config)
     assert [path.split("/")[-1] for path in quiet.export.directories()] == list(config["runs"])
     assert quiet.default_targets("export") == [] and quiet.targets("export")
+    assert plan.export.options() == "--dtype float32 --gguf" and quiet.export.options() == "--dtype float32"
     config["export"] = {"sampling": {"top_p": 2}}
     with pytest.raises(ConfigError, match="export.sampling: top_p must be in"):
         plan_of(config)
@@ -146,3 +148,55 @@ def test_the_best_run_of_a_campaign_size_is_analysed_once_ranked() -> None:
     config["analysis"]["runs"] = ["campaign:best-7b"]
     with pytest.raises(ConfigError, match="campaign:best-7b: no campaign stage trains it"):
         plan_of(config)
+
+
+def test_tracking_reaches_training_jobs_through_the_environment_only() -> None:
+    config = shipped("workflow_config.yaml")
+    plain = plan_of(config)
+    assert plain.tracking_env == {}
+    config["tracking"] = {"tensorboard": True, "wandb": {"project": "demo", "mode": "offline"}}
+    tracked = plan_of(config)
+    section = json.loads(tracked.tracking_env["TINY_LLM_TRACKING"])
+    assert section["tensorboard"] is True and section["wandb"]["project"] == "demo"
+    # Recipes, and so every job's input and identity, stay as they were.
+    assert plain.files.digest_of(list(plain.files._content)) == tracked.files.digest_of(
+        list(tracked.files._content)
+    )
+    config["tracking"] = {"wandb": {"mode": "sometimes"}}
+    with pytest.raises(ConfigError, match="tracking.wandb.mode"):
+        plan_of(config)
+
+
+def test_closing_summary_names_the_best_run_per_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan = plan_of(shipped("workflow_config.yaml"))
+
+    def result(run: str, loss: float | None) -> None:
+        (tmp_path / "results/runs" / run).mkdir(parents=True)
+        final = None if loss is None else {"loss": loss}
+        (tmp_path / "results/runs" / run / "result.json").write_text(json.dumps({"final_validation": final}))
+
+    result("demo-s", 4.5)
+    result("demo-s-wsd", 4.25)
+    result("demo-s-long", None)  # diverged: never the best
+    ranking = tmp_path / "results/campaign/stage3/ranking.json"
+    ranking.parent.mkdir(parents=True)
+    rows = [
+        {"rank": 1, "run": "demo-l-b", "runs": ["demo-l-b"], "run_losses": [3.9]},
+        {
+            "rank": 0,
+            "run": "demo-l-a-s43",
+            "runs": ["demo-l-a-s42", "demo-l-a-s43"],
+            "run_losses": [3.8, 3.7],
+        },
+    ]
+    ranking.write_text(json.dumps(rows))
+    (tmp_path / "results/exports/best-demo-l").mkdir(parents=True)
+    assert plan.best_run_lines() == [
+        "  best demo-s: results/runs/demo-s-wsd loss 4.2500, export not exported (snakemake export)",
+        "  best demo-l: results/campaign/stage3/demo-l-a-s43 loss 3.7000, export results/exports/best-demo-l",
+    ]
+    assert plan.where_to_look()[-2:] == plan.best_run_lines()
+    (tmp_path / "results/campaign/stage1").mkdir(parents=True)
+    (tmp_path / "results/campaign/stage1/ranking.json").write_text("{damaged")  # skipped, not fatal
+    assert len(plan.best_run_lines()) == 2

@@ -49,6 +49,7 @@ from tiny_llm.data.cache import open_cache
 from tiny_llm.errors import RunStateError
 from tiny_llm.io import atomic_write_json, atomic_write_with, exclusive_lock, read_json
 from tiny_llm.model import Llama
+from tiny_llm.progress import progress_bar
 from tiny_llm.runtime.device import setup_runtime, to_device
 
 _NOISE_STREAM = 4
@@ -215,6 +216,7 @@ class AnalysisJob:
             f"{len(epoch.batches)} effective batches, D={self.flat.size:,}; {len(pending)} of {len(wanted)} "
             f"directions to measure{'' if mean is None else ' (mean gradient saved)'}"
         )
+        bar = progress_bar(len(pending), desc="analyze", unit="direction")
         while mean is None or pending:
             if mean is None:
                 group = [key for key in pending if key[0] != "noise"][: s.directions_per_pass]
@@ -222,6 +224,8 @@ class AnalysisJob:
                 group = pending[: s.directions_per_pass]
             mean = self.measure(group, mean)
             pending = [key for key in pending if key not in group]
+            bar.update(len(group))
+        bar.close()
         return self.finish(wanted, mean)
 
     def microbatches(self, blocks: torch.Tensor, size: int) -> Iterator[torch.Tensor]:

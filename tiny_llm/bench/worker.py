@@ -27,6 +27,7 @@ from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
+from tiny_llm.progress import counted
 from tiny_llm.runtime.device import attention_kernels, peak_memory_bytes, setup_runtime, synchronize
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
@@ -172,8 +173,8 @@ class Updater:
 def timed_windows(update: Updater, device: torch.device, options: WorkerOptions) -> list[dict[str, Any]]:
     tokens_per_window = options.steps * update.recipe.training.batch_tokens
     out = []
-    for window in range(options.windows):
-        synchronize(device)
+    for window in counted(range(options.windows), total=options.windows, desc="benchmark", unit="window"):
+        synchronize(device)  # the bar moves between windows, outside the timed interval
         start = time.perf_counter()
         stats = [update() for _ in range(options.steps)]
         synchronize(device)

@@ -1,4 +1,5 @@
-"""`export`: a checkpoint as a Hugging Face model directory (LlamaForCausalLM + tokenizer + model card)."""
+"""`export`: a checkpoint as a Hugging Face model directory (LlamaForCausalLM + tokenizer + model card),
+with ``--gguf`` also as ``model.gguf`` for llama.cpp."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="YAML prompt file: sample each prompt into the model card and tiny_llm_export.json",
     )
+    parser.add_argument(
+        "--gguf", action="store_true", help="also write model.gguf for llama.cpp (needs the gguf package)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup_runtime(_on_cpu(recipe))  # threads as the recipe asks; export and sampling run on the CPU
     summary = export_model(
-        recipe, checkpoint, args.output, dtype=args.dtype, worker=args.worker, prompts=prompts
+        recipe, checkpoint, args.output, dtype=args.dtype, worker=args.worker, prompts=prompts, gguf=args.gguf
     )
     print(json.dumps(summary, indent=2))
     return 0

@@ -6,5 +6,7 @@
 - ``generate``: sampling with a KV cache (greedy at temperature 0), reproducible for a seed.
 - ``tokenizer`` (torch-free): the token cache's tokenizer as files ``AutoTokenizer`` loads.
 - ``hf``: the export directory (config.json, model.safetensors, generation_config.json, tokenizer, README.md).
+- ``gguf_file``: ``model.gguf`` for llama.cpp (``export --gguf``), written with the ``gguf`` package.
+- ``card`` (torch-free): the model card, with the deliberate differences from transformers' own files.
 - ``samples`` (torch-free): tables of exported models and their sample continuations for the report.
 """

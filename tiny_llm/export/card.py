@@ -2,11 +2,138 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 EXPORT_FILE = "tiny_llm_export.json"
 EXPORT_FORMAT = "tiny-llm-export"
 EXPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A deliberate difference from the directory transformers' ``save_pretrained`` writes for this model."""
+
+    file: str
+    keys: tuple[str, ...]
+    """Top-level keys of the JSON file that differ; empty: the whole file is ours only (or theirs only)."""
+    why: str
+    backend: str | None = None
+    """Only for exports whose tokenizer has this backend (``tokenizers`` or ``sentencepiece``)."""
+
+
+DIFFERENCES = (
+    Difference("README.md", (), "this model card; transformers writes none"),
+    Difference("tiny_llm_export.json", (), "the card's facts for machines (the report reads them)"),
+    Difference("model.gguf", (), "the same model for llama.cpp, written with --gguf"),
+    Difference(
+        "config.json",
+        ("rope_theta",),
+        "also at the top level, where transformers 4.x and llama.cpp's converter read it (5.x reads "
+        "rope_parameters, which is written too)",
+    ),
+    Difference(
+        "config.json",
+        ("torch_dtype",),
+        "beside dtype: older transformers and vLLM read only torch_dtype and would load bfloat16 as FP32",
+    ),
+    Difference("config.json", ("transformers_version",), "not written: transformers did not write the file"),
+    Difference(
+        "generation_config.json",
+        ("transformers_version",),
+        "not written: transformers did not write the file",
+    ),
+    Difference(
+        "tokenizer_config.json",
+        ("add_bos_token", "add_eos_token"),
+        "written as false: training never added BOS or EOS, and Llama tokenizer classes add BOS unless told",
+    ),
+    Difference(
+        "tokenizer_config.json",
+        ("backend", "is_local", "local_files_only"),
+        "not written: transformers records how it loaded the tokenizer",
+    ),
+    Difference(
+        "tokenizer_config.json",
+        ("tokenizer_class",),
+        "PreTrainedTokenizerFast, which transformers 4.x loads too (5.x writes TokenizersBackend)",
+        "tokenizers",
+    ),
+    Difference(
+        "tokenizer.json",
+        ("post_processor",),
+        "null; transformers writes an empty template: neither adds a token",
+        "tokenizers",
+    ),
+    Difference(
+        "tokenizer.model",
+        (),
+        "the SentencePiece model itself, which llama.cpp and sentencepiece read; transformers writes its "
+        "conversion to tokenizer.json instead",
+        "sentencepiece",
+    ),
+    Difference(
+        "tokenizer.json",
+        (),
+        "not written: transformers converts tokenizer.model when it loads it",
+        "sentencepiece",
+    ),
+    Difference(
+        "tokenizer_config.json",
+        ("legacy",),
+        "false: SentencePiece's own handling of text after special tokens, as training encoded",
+        "sentencepiece",
+    ),
+    Difference(
+        "tokenizer_config.json",
+        ("add_prefix_space", "extra_special_tokens", "use_default_system_prompt"),
+        "not written: transformers' defaults for its Llama tokenizer",
+        "sentencepiece",
+    ),
+)
+
+
+def differences(backend: str, gguf: bool) -> list[Difference]:
+    """The deliberate differences of an export with this tokenizer backend (and model.gguf or not)."""
+    return [d for d in DIFFERENCES if d.backend in (None, backend) and (gguf or d.file != "model.gguf")]
+
+
+def _notes_lines(meta: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Notes",
+        "",
+        "Compared with what transformers' `save_pretrained` writes for this model and tokenizer, "
+        "the weights, config and tokenizer are the same except for:",
+        "",
+    ]
+    for d in differences(meta["tokenizer"]["backend"], bool(meta.get("gguf"))):
+        what = ", ".join(f"`{k}`" for k in d.keys)
+        lines.append(f"- `{d.file}`" + (f" {what}" if what else "") + f": {d.why}")
+    return lines
+
+
+def _bos_line(tok: dict[str, Any]) -> str:
+    start = tok.get("document_start")
+    if not start:
+        return ""
+    own = start.get("tokenizer_bos")
+    never = (
+        f" The tokenizer's own `{own}` (id {start['tokenizer_bos_id']}) occurred "
+        f"{start['tokenizer_bos_occurrences']:,} times there and is not used."
+        if own and start.get("tokenizer_bos_id") != start.get("id")
+        else ""
+    )
+    if start["id"] is None:
+        return (
+            f" No BOS is declared: `{tok['eos_token']}` did not occur in the first "
+            f"{start['tokens_checked']:,} training tokens." + never
+        )
+    return (
+        f" BOS (`bos_token_id` in config.json, generation_config.json and model.gguf) is id {start['id']} "
+        f"(`{start['token']}`), the EOS that came before every document but the first: "
+        f"{start['occurrences']:,} times in the first {start['tokens_checked']:,} training tokens." + never
+    )
 
 
 def _loss_line(meta: dict[str, Any]) -> str:
@@ -29,6 +156,26 @@ def _tokens_line(meta: dict[str, Any]) -> str:
     per_model = training.get("tokens_per_model")
     extra = f" ({per_model:,} per worker)" if per_model is not None else ""
     return f"- Training tokens: {tokens:,}{extra}"
+
+
+def _gguf_lines(meta: dict[str, Any]) -> list[str]:
+    gguf = meta.get("gguf")
+    if not gguf:
+        return []
+    tok = meta["tokenizer"]
+    return [
+        "",
+        "## llama.cpp",
+        "",
+        f"`{gguf['file']}` holds the same weights and tokenizer for llama.cpp (tokenizer model "
+        f"`{gguf['tokenizer_model']}`, pre-tokenizer `{gguf['pre_tokenizer']}`; no BOS is added). Start a "
+        f"fresh document with EOS (`{tok['eos_token']}`) before the prompt, as in training:",
+        "",
+        "```bash",
+        f"llama-completion -m {meta['name']}/{gguf['file']} -no-cnv --temp 0 -n 48 "
+        f"-p '{tok['eos_token']}The history of'",
+        "```",
+    ]
 
 
 def model_card(meta: dict[str, Any]) -> str:
@@ -83,8 +230,10 @@ def model_card(meta: dict[str, Any]) -> str:
         "",
         f"Texts were encoded without special tokens (no BOS), and every document ends with EOS "
         f"(`{tok['eos_token']}`, id {tok['eos_token_id']}); a literal `{tok['eos_token']}` inside a text is "
-        "text. The exported tokenizer does the same: `tokenizer(text)` gives the ids training saw. A "
-        "document starts right after an EOS: put `eos_token_id` before a prompt to start a fresh document:",
+        "text. The exported tokenizer does the same: `tokenizer(text)` gives the ids training saw."
+        + _bos_line(tok)
+        + " A document starts right after an EOS: put `eos_token_id` before a prompt to start a fresh "
+        "document:",
         "",
         "```python",
         "import torch",
@@ -97,6 +246,8 @@ def model_card(meta: dict[str, Any]) -> str:
         "print(tokenizer.decode(out[0, len(ids):], skip_special_tokens=True))",
         "```",
     ]
+    lines += _gguf_lines(meta)
+    lines += _notes_lines(meta)
     samples = meta.get("samples")
     if samples:
         s = samples["settings"]

@@ -20,22 +20,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tiny_llm.budget import parameter_count
 from tiny_llm.config import RecipeConfig, recipe_identity
-from tiny_llm.data.cache import open_cache
+from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.tokenizer import load_tokenizer
 from tiny_llm.errors import ConfigError, DataError
 from tiny_llm.export.card import EXPORT_FILE, EXPORT_FORMAT, EXPORT_VERSION, model_card
 from tiny_llm.export.generate import generate, prompt_ids
 from tiny_llm.export.settings import PromptSet, SamplingConfig
-from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer
+from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer, set_bos_token
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
 from tiny_llm.io import read_json, replacing_directory
 from tiny_llm.model import Llama
+from tiny_llm.progress import counted
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+BOS_SCAN_TOKENS = 16_777_216
+"""Training tokens searched for the BOS token (one full cache shard at most: 32 MiB)."""
 
 
 def llama_config(recipe: RecipeConfig, tokenizer: TokenizerFacts, dtype: str) -> dict[str, Any]:
@@ -65,12 +69,18 @@ def llama_config(recipe: RecipeConfig, tokenizer: TokenizerFacts, dtype: str) ->
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": None,
         "use_cache": True,
-        "dtype": dtype,
+        "pretraining_tp": 1,
+        "dtype": dtype,  # transformers 5
+        "torch_dtype": dtype,  # older transformers and vLLM read only this one (bfloat16 would load as FP32)
     }
 
 
-def generation_config(tokenizer: TokenizerFacts, sampling: SamplingConfig) -> dict[str, Any]:
-    """generation_config.json: our default sampling settings; pad = EOS (batch 1 never pads)."""
+def generation_config(tokenizer: TokenizerFacts, sampling: SamplingConfig, vocab_size: int) -> dict[str, Any]:
+    """generation_config.json: our default sampling settings; pad = EOS (batch 1 never pads).
+
+    top_k "off" is written as the vocabulary size: 0 is rejected by some vLLM releases, and a missing top_k
+    means 50 to transformers.
+    """
     config: dict[str, Any] = {
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
@@ -79,7 +89,8 @@ def generation_config(tokenizer: TokenizerFacts, sampling: SamplingConfig) -> di
         "max_new_tokens": sampling.max_new_tokens,
     }
     if sampling.temperature > 0:
-        config.update(temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p)
+        top_k = sampling.top_k or vocab_size
+        config.update(temperature=sampling.temperature, top_k=top_k, top_p=sampling.top_p)
     return config
 
 
@@ -106,6 +117,28 @@ def training_facts(result: dict[str, Any] | None) -> dict[str, Any] | None:
         "validation_tokens": final.get("tokens"),
         "validation_complete": final.get("validation_complete"),
         "status": result.get("status", "complete"),
+    }
+
+
+def document_start(cache: TokenCache, facts: TokenizerFacts, trained: int | None) -> dict[str, Any]:
+    """The BOS the export declares: EOS, which the cache put before every document after the first.
+
+    Counted in the first training tokens (the model's, where result.json says how many it trained on). The
+    tokenizer's own BOS (``<s>``) is counted too: encoding never adds it, so the model has not seen it.
+    """
+    available = cache.num_tokens("train")
+    checked = min(available, trained or available, BOS_SCAN_TOKENS)
+    tokens = cache.read("train", 0, checked)
+    seen = int(np.count_nonzero(tokens == facts.eos_token_id))
+    own = facts.bos_token_id
+    return {
+        "token": facts.eos_token if seen else None,
+        "id": facts.eos_token_id if seen else None,
+        "occurrences": seen,
+        "tokens_checked": checked,
+        "tokenizer_bos": facts.bos_token,
+        "tokenizer_bos_id": own,
+        "tokenizer_bos_occurrences": None if own is None else int(np.count_nonzero(tokens == own)),
     }
 
 
@@ -136,7 +169,8 @@ def sample_continuations(
     model.load_state_dict(state)
     model.eval()
     items = []
-    for index, text in enumerate(prompts.prompts):
+    numbered = enumerate(prompts.prompts)
+    for index, text in counted(numbered, total=len(prompts.prompts), desc="samples", unit="prompt"):
         settings = dataclasses.replace(prompts.sampling, seed=prompts.sampling.seed + index)
         ids = prompt_ids(tokenizer.encode_batch([text])[0], settings, eos)
         if len(ids) >= recipe.model.context_length:
@@ -165,8 +199,12 @@ def export_model(
     dtype: str = "float32",
     worker: int | None = None,
     prompts: PromptSet | None = None,
+    gguf: bool = False,
 ) -> dict[str, Any]:
-    """Write the export directory ``output`` (replacing an older one); return its facts."""
+    """Write the export directory ``output`` (replacing an older one); return its facts.
+
+    ``gguf``: also write ``model.gguf`` for llama.cpp (``tiny_llm.export.gguf_file``).
+    """
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     checkpoint = Path(checkpoint)
@@ -182,10 +220,17 @@ def export_model(
         facts = export_tokenizer(
             cache.path, tmp, eos_token_id=cache.eos_token_id, context_length=recipe.model.context_length
         )
+        training = training_facts(find_result(checkpoint, recipe))
+        trained = (training or {}).get("tokens_per_model") or (training or {}).get("tokens")
+        start = document_start(cache, facts, trained)
+        facts = set_bos_token(tmp, facts, start["token"], start["id"])
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        gguf_facts = _write_gguf(tmp, output.name, recipe, tensors, facts) if gguf else None
         sampling = prompts.sampling if prompts else SamplingConfig()
         _write_json(tmp / "config.json", llama_config(recipe, facts, dtype))
-        _write_json(tmp / "generation_config.json", generation_config(facts, sampling))
+        _write_json(
+            tmp / "generation_config.json", generation_config(facts, sampling, recipe.model.vocab_size)
+        )
         samples = None
         if prompts is not None:
             exported = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()}  # what the files hold
@@ -219,7 +264,7 @@ def export_model(
             "checkpoint": str(checkpoint),
             "worker": worker,
             "dtype": dtype,
-            "training": training_facts(find_result(checkpoint, recipe)),
+            "training": training,
             "cache": {
                 "identity": cache.identity,
                 "dataset": cache.manifest.get("dataset"),
@@ -236,8 +281,10 @@ def export_model(
                 "bos_token_id": facts.bos_token_id,
                 "files": list(facts.files),
                 "dropped_special_token_template": facts.dropped_template,
+                "document_start": start,
             },
             "samples": samples,
+            "gguf": gguf_facts,
         }
         _write_json(tmp / EXPORT_FILE, meta)
         (tmp / "README.md").write_text(model_card(meta), encoding="utf-8")
@@ -248,6 +295,22 @@ def export_model(
         "output": str(output),
         **{k: meta[k] for k in ("name", "parameters", "weights", "dtype", "training")},
     }
+
+
+def _write_gguf(
+    directory: Path, name: str, recipe: RecipeConfig, tensors: dict[str, torch.Tensor], facts: TokenizerFacts
+) -> dict[str, Any]:
+    from tiny_llm.export.gguf_file import GGUF_FILE, write_gguf
+
+    vocab = write_gguf(
+        directory / GGUF_FILE,
+        name=name,
+        model=recipe.model,
+        hf_tensors=tensors,
+        tokenizer_dir=directory,
+        facts=facts,
+    )
+    return {"file": GGUF_FILE, "tokenizer_model": vocab.model, "pre_tokenizer": vocab.pre}
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -14,6 +14,7 @@ text as text, and appends EOS after each document. The exported files reproduce 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -123,3 +124,16 @@ def export_tokenizer(
     config.update({k: v for k, v in specials.items() if v is not None})
     (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return TokenizerFacts(tokenizer.backend, eos, eos_token_id, bos, bos_id, files, dropped)
+
+
+def set_bos_token(
+    directory: Path, facts: TokenizerFacts, token: str | None, token_id: int | None
+) -> TokenizerFacts:
+    """Declare ``token`` (None: no BOS) as BOS in the exported tokenizer_config.json; the facts to match."""
+    file = directory / "tokenizer_config.json"
+    config = json.loads(file.read_text(encoding="utf-8"))
+    config.pop("bos_token", None)
+    if token is not None:
+        config["bos_token"] = token
+    file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return dataclasses.replace(facts, bos_token=token, bos_token_id=token_id)

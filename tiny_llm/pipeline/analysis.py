@@ -155,4 +155,3 @@ class AnalysisPlan:
 
     def targets(self) -> list[str]:
         return [path for name in self.runs for path in self.summary_files(name)]
-

@@ -28,12 +28,12 @@ class ExportPlan:
         self.section = section
         self.enabled: bool = section["default_target"]
         self.runs = list(runs) if section["runs"] else []
-        self.best = self._best_rankings(campaign) if section["campaign"] else {}
+        self.best = self.best_rankings(campaign) if section["campaign"] else {}
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
         files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 
     @staticmethod
-    def _best_rankings(campaign: CampaignPlan) -> dict[str, str]:
+    def best_rankings(campaign: CampaignPlan) -> dict[str, str]:
         """Size -> ranking.json of the last stage that trained the size."""
         last = {campaign.stage_size(stage): stage for stage in campaign.stage_names}
         return {size: campaign.ranking(stage) for size, stage in last.items()}
@@ -49,6 +49,10 @@ class ExportPlan:
             sizes = ", ".join(self.best) or "none"
             raise ConfigError(f"export: no best model of size '{size}' is exported (sizes: {sizes})")
         return self.best[size]
+
+    def options(self) -> str:
+        """The export command's options from the section: weight dtype, and --gguf when asked."""
+        return f"--dtype {self.section['dtype']}" + (" --gguf" if self.section["gguf"] else "")
 
     def report_files(self) -> list[str]:
         return [EXPORTS_MODELS, EXPORTS_SAMPLES, EXPORTS_TABLE, EXPORTS_JSON]

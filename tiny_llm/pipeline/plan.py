@@ -8,11 +8,13 @@ by stage name.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
+from tiny_llm.config import TRACKING_ENV, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.analysis import AnalysisPlan
 from tiny_llm.pipeline.campaign import CampaignPlan
@@ -20,10 +22,14 @@ from tiny_llm.pipeline.data import DataPlan
 from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
+    EXPORT_BEST,
+    EXPORT_RUN,
     EXPORTS_DIR,
     EXPORTS_SAMPLES,
     PACKED_BENCH_SUMMARY,
     PACKED_REPORT,
+    RUN_DIR,
+    RUN_RESULT,
     RUNS_REPORT,
     fill,
 )
@@ -35,6 +41,18 @@ from tiny_llm.pipeline.stage import Resources, StagePlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
 STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis")
+
+
+def _read_json(path: Path) -> Any:
+    """A finished step's JSON, or None where it is missing or unreadable (the summary skips it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and value == value and abs(value) != float("inf") else None
 
 
 class WorkflowPlan:
@@ -76,6 +94,22 @@ class WorkflowPlan:
             "analysis": self.analysis,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
+        self.tracking_env = self.tracking_environment()
+
+    def tracking_environment(self) -> dict[str, str]:
+        """$TINY_LLM_TRACKING for the training jobs: the `tracking` section, checked as a recipe's.
+
+        The environment, not the recipes: turning tracking on or off reruns nothing and leaves every recipe
+        identity and campaign setting as it was. Slurm jobs parse the Snakefile again and get it too.
+        """
+        section = self.config.get("tracking") or {}
+        if not section.get("tensorboard") and not section.get("wandb"):
+            return {}
+        try:
+            recipe_from_dict({"tracking": section})
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("invalid recipe: ", "")) from None
+        return {TRACKING_ENV: json.dumps(section, sort_keys=True)}
 
     # ------------------------------------------------------------------ analysed runs
 
@@ -184,7 +218,39 @@ class WorkflowPlan:
             present = [path for path in files if Path(path).exists()]
             if present:
                 lines.append(f"  {stage:<9} {', '.join(present)}")
+        return lines + self.best_run_lines()
+
+    def best_run_lines(self) -> list[str]:
+        """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage),
+        with its loss and its export directory."""
+        best: dict[str, tuple[float, str, str]] = {}
+        for size, loss, run_dir, export in self._finished_runs():
+            if loss is not None and (size not in best or loss < best[size][0]):
+                best[size] = (loss, run_dir, export)
+        lines = []
+        for size, (loss, run_dir, export) in best.items():
+            exported = export if Path(export).is_dir() else "not exported (snakemake export)"
+            lines.append(f"  best {size}: {run_dir} loss {loss:.4f}, export {exported}")
         return lines
+
+    def _finished_runs(self) -> list[tuple[str, float | None, str, str]]:
+        """(size, final loss or None, run directory, export directory) of every run with a result."""
+        out = []
+        for run, spec in self.config["runs"].items():
+            result = _read_json(Path(fill(RUN_RESULT, run=run)))
+            loss = None if result is None else campaign_lib.final_loss(result)
+            out.append((spec["size"], _finite(loss), fill(RUN_DIR, run=run), fill(EXPORT_RUN, run=run)))
+        if self.campaign.config is None:
+            return out
+        for size, ranking in ExportPlan.best_rankings(self.campaign).items():
+            rows = _read_json(Path(ranking))
+            if not isinstance(rows, list) or not rows:
+                continue
+            top = min(rows, key=lambda row: row.get("rank", 0))
+            losses = dict(zip(top.get("runs", []), top.get("run_losses", []), strict=False))
+            run_dir = str(Path(ranking).parent / top["run"])
+            out.append((size, _finite(losses.get(top["run"])), run_dir, fill(EXPORT_BEST, size=size)))
+        return out
 
 
 def build_plan(

@@ -13,6 +13,7 @@ from torch import nn
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.progress import counted
 from tiny_llm.runtime.device import compute_context, setup_runtime, synchronize, to_device
 from tiny_llm.runtime.engine import EngineFactory, build_model
 
@@ -116,7 +117,7 @@ def evaluate_checkpoint(
     (``tiny_llm.engines.evaluate_checkpoint`` passes the one the recipe needs).
     """
     from tiny_llm.data.cache import open_cache
-    from tiny_llm.data.loader import iter_validation, validation_subset
+    from tiny_llm.data.loader import iter_validation, validation_num_targets, validation_subset
     from tiny_llm.errors import DataError
     from tiny_llm.train.checkpoint import load_state
 
@@ -142,7 +143,10 @@ def evaluate_checkpoint(
         raise DataError(f"{path}: expected a .safetensors weights file or a .pt training state")
     L, batch = recipe.model.context_length, recipe.evaluation.batch_size
     if full:
-        batches = iter_validation(cache, L, batch)
+        num_batches = math.ceil(math.ceil(validation_num_targets(cache) / L) / batch)
+        batches = counted(
+            iter_validation(cache, L, batch), total=num_batches, desc="validation", unit="batch"
+        )
     else:
         batches = subset_batches(
             validation_subset(cache, L, recipe.evaluation.subset_blocks, recipe.evaluation.seed), batch

@@ -39,6 +39,7 @@ from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
+from tiny_llm.train.tracking import Tracker, open_tracker
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -90,6 +91,7 @@ class Trainer:
         self.identity = recipe_identity(recipe, self.cache.identity)
         self.schedule = self.budget.update_schedule()
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.tracker: Tracker | None = None
         self.progress = Progress()
         self.session_tokens = 0
         self.session_updates = 0
@@ -125,6 +127,8 @@ class Trainer:
             state = checkpoint.load_state(resume_path)
         if state is not None:
             self._check_compatible(state, resume_path)
+        self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
+        self.metrics.listener = self.tracker.log_row
         self._engine = self.build_engine(self.recipe, self.device)
         self._loader = TrainLoader(
             self.cache,
@@ -148,6 +152,9 @@ class Trainer:
             self._restore(state)
             self.log(f"resumed from {resume_path} at step {self.progress.step}/{self.budget.num_updates}")
         atomic_write_yaml(self.run_dir / "resolved.yaml", recipe_to_dict(self.recipe))
+        _, start, blocks = self.schedule[-1]
+        total = (start + blocks) * self.recipe.model.context_length  # every update's tokens (packed: all)
+        self.log.start_bar(total, self.progress.tokens, len(self.schedule))
         self._write_status("running")
         self._write_environment()
         self.session_start = time.perf_counter()
@@ -274,7 +281,7 @@ class Trainer:
         self.metrics.append(row)
         per_update = self.session_update_seconds / max(self.session_updates, 1)
         eta = per_update * (len(self.schedule) - p.step)
-        self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta))
+        self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta), row=row, eta=eta)
         p.window = Window()
 
     def elapsed_tokens_per_second(self) -> float:
@@ -461,6 +468,9 @@ class Trainer:
         return EXIT_FAILED
 
     def close(self) -> None:
+        self.log.close_bar()
+        if self.tracker is not None:
+            self.tracker.close()
         if self._loader is not None:
             self._loader.close()
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
+from tiny_llm.progress import TrainBar, on_terminal
 
 RESUMABLE_EVENTS = ("train", "validation")
 
@@ -36,10 +38,14 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """Append-only JSON lines; on resume cut back to the rows the resumed state had produced."""
+    """Append-only JSON lines; on resume cut back to the rows the resumed state had produced.
 
-    def __init__(self, path: Path) -> None:
+    ``listener`` also gets every appended row (live tracking).
+    """
+
+    def __init__(self, path: Path, listener: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
+        self.listener = listener
 
     def rows(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
@@ -54,16 +60,29 @@ class MetricsLog:
 
     def append(self, row: dict[str, Any]) -> None:
         append_jsonl(self.path, row)
+        if self.listener is not None:
+            self.listener(row)
 
 
 class RunLog:
-    """Human-readable lines to the console and run.log."""
+    """Human-readable lines to the console and run.log; on a terminal, train rows move a bar instead."""
 
     def __init__(self, path: Path, quiet: bool = False) -> None:
         self.path = path
         self.quiet = quiet
+        self.bar: TrainBar | None = None
 
-    def __call__(self, message: str) -> None:
+    def start_bar(self, total_tokens: int, done_tokens: int, num_updates: int) -> None:
+        """Draw train rows as a progress bar where the console is a terminal (lines stay in run.log)."""
+        if not self.quiet and on_terminal() and sys.stdout.isatty():
+            self.bar = TrainBar(total_tokens, done_tokens, num_updates)
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __call__(self, message: str, row: dict[str, Any] | None = None, eta: float = float("nan")) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         try:
             with open(self.path, "a", encoding="utf-8") as handle:
@@ -71,8 +90,14 @@ class RunLog:
         except OSError as exc:  # a full disk: the console still gets the line
             if not is_disk_full(exc):
                 raise
-        if not self.quiet:
+        if self.quiet:
+            return
+        if self.bar is None:
             print(message, file=sys.stdout, flush=True)
+        elif row is not None:
+            self.bar.row(row, format_duration(eta))
+        else:
+            self.bar.write(message)
 
 
 @dataclass
