@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_llm.runner import run_training
+from tiny_llm.engines import run_training
 from train_helpers import small_recipe
 
 from tiny_llm.config import load_recipe, recipe_identity
