@@ -55,7 +55,7 @@ def test_environment_and_result_files(all_policy_run: Path) -> None:
     assert set(result) >= {
         "parameters", "tokens", "step", "epochs", "best_subset_loss", "best_epoch", "final_validation",
         "seconds_this_session", "training_seconds", "training_elapsed_seconds", "training_tokens_per_second",
-        "elapsed_tokens_per_second", "peak_memory_bytes", "recipe_identity",
+        "elapsed_tokens_per_second", "peak_memory_bytes", "recipe_identity", "evaluation_tokens_per_second",
     }  # fmt: skip
     assert result["final_validation"]["split"] == "full" and result["final_validation"]["validation_complete"]
     assert "epoch 3/3 step 15/15" in (all_policy_run / "run.log").read_text()

@@ -440,6 +440,7 @@ class Trainer:
             "best_subset_loss": p.best_loss,
             "best_epoch": p.best_epoch,
             "final_validation": full.as_dict(),
+            "evaluation_tokens_per_second": full.tokens_per_second,
             "seconds_this_session": time.perf_counter() - self.session_start,
             "training_seconds": p.training_seconds,
             "training_elapsed_seconds": p.elapsed_seconds,
