@@ -121,6 +121,39 @@ def test_non_finite_update_fails_the_run(
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.parametrize("policy", ["final", "interval"])
+def test_a_non_finite_fused_update_fails_the_run_at_its_own_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, policy: str
+) -> None:
+    """Fused AdamW skips the bad update (5) on the device; the loop finds it at the next train row (step 6,
+    log_every 2) or, saving after every update, before it saves step 5, and fails the run at step 5."""
+    from tiny_llm.train import engine as engine_module
+
+    finite, calls = engine_module.loss_sum, []
+
+    def nan_in_update_5(*args: object) -> torch.Tensor:  # microbatches: 2, 2, 2, 2, 2, 1 (epoch end)
+        calls.append(1)
+        return finite(*args) * (float("nan") if len(calls) == 9 else 1.0)
+
+    monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_5)
+    sets = ("runtime.deterministic=false", "runtime.fused_optimizer=true", "training.checkpoint_every=1")
+    run_dir = tmp_path / "run"
+    recipe = small_recipe(
+        tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets, f"training.checkpoint_policy={policy}"
+    )
+    assert run_training(recipe, quiet=True) == 1
+    status = read_json(run_dir / "status.json")
+    assert status["error"] == "step 5: non-finite loss (loss nan, grad_norm nan)"
+    assert status["status"] == "failed" and status["step"] == 4
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["event"] == "train"] == [2, 4]
+    if policy == "interval":
+        assert torch.load(run_dir / "latest.pt", weights_only=False)["progress"]["step"] == 4
+        assert len(calls) == 10  # found before step 5 was saved
+    else:
+        assert not (run_dir / "latest.pt").exists() and len(calls) == 11  # found at step 6's row
+
+
 def test_cache_too_small_is_a_user_error(
     tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, capsys: pytest.CaptureFixture
 ) -> None:
