@@ -2,6 +2,8 @@
 # `snakemake` with no target runs the embedded offline CPU demo; see README.md for the cluster configuration.
 # Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
 import mimetypes
+import os
+import shlex
 import sys
 
 from snakemake.utils import min_version
@@ -44,6 +46,10 @@ try:
     )
 except TinyLLMError as exc:
     sys.exit(f"error: {exc}")  # the message alone: a traceback adds nothing a user can act on
+
+
+# One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py).
+shell.prefix(f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; ")
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job
