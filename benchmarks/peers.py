@@ -13,8 +13,9 @@ Every peer starts from the seeded model of the recipe, takes the same random tok
 updates of `training.batch_tokens` in microbatches of `training.micro_batch_size` with the recipe's AdamW
 (decay on >= 2-D tensors), clipping, learning rate and autocast. Protocol: `--warmup` updates (the first timed
 alone: it compiles), then `--windows` windows of `--steps` updates, the device synchronised at each window's
-ends; a peer's figure is its median window's tokens/s. Losses are read after the timing: each peer's first
-update's loss shows they train the same model on the same data. Prints one JSON object.
+ends; a peer's figure is its median window's tokens/s (`--clock cpu`: the process's CPU seconds, which other
+jobs on a shared machine cannot distort when the peer runs one thread). Losses are read after the timing: each
+peer's first update's loss shows they train the same model on the same data. Prints one JSON object.
 
 Example:
     python benchmarks/peers.py --config demo-s --set runtime.compile=true --threads 1
@@ -45,6 +46,7 @@ from tiny_llm.runtime.device import autocast_dtype, setup_runtime, synchronize, 
 from tiny_llm.runtime.engine import build_model  # noqa: E402
 from tiny_llm.runtime.optim import parameter_groups  # noqa: E402
 
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 PEERS = ("library", "transformers", "transformers-compiled", "minimal")
 Update = Callable[[torch.Tensor], torch.Tensor | float]
 """One optimizer update from a batch of blocks [n, L+1]; returns its loss (a device tensor or a float)."""
@@ -59,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="updates per timed window")
     parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--clock", choices=sorted(CLOCK), default="wall", help="cpu: process CPU seconds")
     parser.add_argument("--one", choices=PEERS, help=argparse.SUPPRESS)  # a child process: one peer
     return parser.parse_args(argv)
 
@@ -194,20 +197,21 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     data = [to_device(b, device) for b in batches(recipe, args.warmup + args.windows * args.steps)]
     tokens = recipe.training.batch_tokens
     losses: list[torch.Tensor | float] = []
-    start = time.perf_counter()
+    clock = CLOCK[args.clock]
+    start = clock()
     losses.append(update(data[0]))
     synchronize(device)
-    first = time.perf_counter() - start
+    first = clock() - start
     for blocks in data[1 : args.warmup]:
         losses.append(update(blocks))
     windows = []
     for w in range(args.windows):
         synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         for blocks in data[args.warmup + w * args.steps : args.warmup + (w + 1) * args.steps]:
             losses.append(update(blocks))
         synchronize(device)
-        windows.append(args.steps * tokens / (time.perf_counter() - start))
+        windows.append(args.steps * tokens / (clock() - start))
     read = [float(loss) for loss in losses]
     return {
         "tokens_per_second": statistics.median(windows),
@@ -240,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "batch_tokens": recipe.training.batch_tokens,
         "micro_batch_size": recipe.training.micro_batch_size,
-        "protocol": {"warmup": args.warmup, "steps": args.steps, "windows": args.windows, "figure": "median"},
+        "protocol": {
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "windows": args.windows,
+            "figure": "median",
+            "clock": args.clock,
+        },  # fmt: skip
         "torch": torch.__version__,
         "peers": peers,
     }

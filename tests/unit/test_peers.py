@@ -21,7 +21,7 @@ def test_peers_print_tokens_per_second_and_ratios_for_the_same_training(tmp_path
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
-    assert out["protocol"] == {"warmup": 1, "steps": 1, "windows": 2, "figure": "median"}
+    assert out["protocol"] == {"warmup": 1, "steps": 1, "windows": 2, "figure": "median", "clock": "wall"}
     peers = out["peers"]
     assert list(peers) == ["library", "transformers", "transformers-compiled", "minimal"]
     assert peers["library"]["ratio_to_library"] == 1.0
