@@ -140,6 +140,17 @@ def test_fused_update_skips_a_non_finite_update_on_the_device_and_every_later_on
         eng.check_finite()
 
 
+def test_fused_update_flags_a_non_finite_first_update_numbered_0() -> None:
+    eng = engine("runtime.fused_optimizer=true")  # the benchmark worker numbers its updates from 0
+    weights = [p.detach().clone() for p in eng.params]
+    finite = eng._compiled_loss
+    eng._compiled_loss = lambda i, t: finite(i, t) * float("inf")  # type: ignore[method-assign]
+    eng.train_step(blocks(8), 1e-3, 0)
+    assert all(torch.equal(p, q) for p, q in zip(eng.params, weights, strict=True))
+    with pytest.raises(NonFiniteError, match="step 0: non-finite loss"):
+        eng.check_finite()
+
+
 def test_fused_update_with_its_device_guard_equals_the_plain_fused_update() -> None:
     guarded, plain = engine("runtime.fused_optimizer=true"), engine("runtime.fused_optimizer=true")
     del plain.optimizer.found_inf

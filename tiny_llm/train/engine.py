@@ -60,7 +60,7 @@ class ModelEngine:
         self.deferred_check = uses_fused_optimizer(recipe, device)
         if self.deferred_check:
             self.found_inf = torch.zeros((), device=device)
-            self.first_bad_step = torch.zeros((), dtype=torch.int64, device=device)
+            self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
             self.bad_values = torch.zeros(2, device=device)
             self.optimizer.found_inf = self.found_inf
 
@@ -126,17 +126,17 @@ class ModelEngine:
 
     def _flag_non_finite(self, values: torch.Tensor, step: int) -> None:
         """On the device: remember the first non-finite update's step and values; raise found_inf for good."""
-        first = (self.first_bad_step == 0) & ~torch.isfinite(values).all()
+        first = (self.first_bad_step < 0) & ~torch.isfinite(values).all()
         self.first_bad_step.copy_(torch.where(first, step, self.first_bad_step))
         self.bad_values.copy_(torch.where(first, values, self.bad_values))
-        self.found_inf.copy_((self.first_bad_step != 0).float())
+        self.found_inf.copy_((self.first_bad_step >= 0).float())
 
     def check_finite(self) -> None:
         """NonFiniteError for the first update skipped as non-finite (one device read); no-op otherwise."""
         if not self.deferred_check:
             return
         step = int(self.first_bad_step)
-        if step:
+        if step >= 0:
             raise NonFiniteError(step, non_finite_reason(*self.bad_values.tolist()))
 
     def eval_model(self) -> nn.Module:
