@@ -80,3 +80,20 @@ def test_chunked_losses_are_the_per_target_losses_and_ignore_padding() -> None:
     assert padded_in.shape == (5, 64) and bool((padded_t[3:] == IGNORE_INDEX).all())
     assert bool((padded[3 * 64 :] == 0).all()) and bool((chunked[2 * 64 + 10 :] == 0).all())
     assert padded.double().sum().item() == pytest.approx(expected.double().sum().item(), rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("default", None), ("reduce-overhead", None), ("max-autotune", "max-autotune-no-cudagraphs")],
+)
+def test_evaluation_compiles_once_per_model_and_never_with_cuda_graphs(
+    monkeypatch: pytest.MonkeyPatch, mode: str, expected: str | None
+) -> None:
+    seen: list[str | None] = []
+    monkeypatch.setattr(evaluate.torch, "compile", lambda fn, mode=None: seen.append(mode) or fn)
+    recipe = load_recipe(["tiny"], ["runtime.compile=true", f"runtime.compile_mode={mode}"])
+    model = Llama(recipe.model)
+    first = evaluate.compiled_losses(model, recipe, torch.device("cpu"))
+    assert evaluate.compiled_losses(model, recipe, torch.device("cpu")) is first and seen == [expected]
+    eager = load_recipe(["tiny"], ["runtime.compile=true", "runtime.deterministic=true"])
+    assert evaluate.compiled_losses(Llama(eager.model), eager, torch.device("cpu")) is None

@@ -22,12 +22,12 @@ from torch import nn
 from tiny_llm.config import RecipeConfig
 from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_losses
 from tiny_llm.runtime.device import (
-    compile_loss,
     compute_context,
     setup_runtime,
     synchronize,
     to_device,
     uses_compile,
+    with_forced_kernel,
 )
 from tiny_llm.runtime.engine import EngineFactory, build_model
 
@@ -77,6 +77,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Logits per loss chunk: a few MiB keeps a CPU chunk in cache; larger GPU chunks keep the matmuls efficient.
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 28}
+# Evaluation never uses CUDA graphs: a large batch gains little from them, and graph trees replayed between
+# the training's own would have to be kept apart from them.
+EVAL_COMPILE_MODES = {"default": None, "reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
 _COMPILED: weakref.WeakKeyDictionary[nn.Module, LossFn] = weakref.WeakKeyDictionary()
 
 
@@ -86,8 +89,8 @@ def compiled_losses(model: nn.Module, recipe: RecipeConfig, device: torch.device
         return None
     if model not in _COMPILED:
         rows = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // model.cfg.vocab_size)
-        fn = functools.partial(chunked_token_losses, model, rows=rows)
-        _COMPILED[model] = compile_loss(fn, recipe)
+        fn = with_forced_kernel(functools.partial(chunked_token_losses, model, rows=rows), recipe)
+        _COMPILED[model] = torch.compile(fn, mode=EVAL_COMPILE_MODES[recipe.runtime.compile_mode])
     return _COMPILED[model]
 
 
