@@ -154,6 +154,35 @@ def test_a_non_finite_fused_update_fails_the_run_at_its_own_step(
         assert not (run_dir / "latest.pt").exists() and len(calls) == 11  # found at step 6's row
 
 
+def test_a_stop_after_a_skipped_update_fails_the_run_instead_of_saving_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    from tiny_llm.runtime import signals
+    from tiny_llm.train import engine as engine_module
+
+    finite, calls = engine_module.loss_sum, []
+
+    def nan_in_update_3_then_stop(*args: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 6:  # update 3's last microbatch
+            signals.request_stop()
+            return finite(*args) * float("nan")
+        return finite(*args)
+
+    monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_3_then_stop)
+    sets = (
+        "runtime.deterministic=false",
+        "runtime.fused_optimizer=true",
+        "training.checkpoint_policy=interval",
+    )
+    run_dir = tmp_path / "run"
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets), quiet=True) == 1
+    status = read_json(run_dir / "status.json")
+    assert status["status"] == "failed" and status["step"] == 2
+    assert status["error"] == "step 3: non-finite loss (loss nan, grad_norm nan)"
+    assert not (run_dir / "latest.pt").exists()
+
+
 def test_cache_too_small_is_a_user_error(
     tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, capsys: pytest.CaptureFixture
 ) -> None:
