@@ -3,6 +3,7 @@
 # Every stage's logic lives in the torch-free plan (tiny_llm/pipeline); the rules files hold only rules.
 import mimetypes
 import os
+import shlex
 import sys
 
 from snakemake.utils import min_version
@@ -48,6 +49,10 @@ except TinyLLMError as exc:
 
 # Live tracking (the config's `tracking` section) reaches every training job through its environment.
 os.environ.update(PLAN.tracking_env)
+
+
+# One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py).
+shell.prefix(f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; ")
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job

@@ -202,6 +202,10 @@ class Llama(nn.Module):
             nn.init.normal_(block.ffn.down_proj.weight, mean=0.0, std=residual_std)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.hidden_states(inputs), self.embed.weight)  # tied LM head
+
+    def hidden_states(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [b, t<=L] -> the final-normed hidden states [b, t, width] that the LM head reads."""
         t = inputs.shape[-1]
         if t > self.cfg.context_length:
             raise ValueError(f"input length {t} exceeds model.context_length {self.cfg.context_length}")
@@ -209,7 +213,7 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         for block in self.blocks:
             x = block(x, cos, sin)
-        return F.linear(self.norm(x), self.embed.weight)  # tied LM head
+        return self.norm(x)
 
     def decode(self, inputs: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """inputs [b, t] at positions cache.length.. -> logits [b, t, V]; their keys/values join the cache."""
@@ -240,6 +244,24 @@ def token_losses(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) 
     return F.cross_entropy(
         at_least_fp32(logits).flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
     )
+
+
+def chunked_token_losses(
+    model: Llama, inputs: torch.Tensor, targets: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """``token_losses`` computed ``rows`` positions at a time from the final hidden states.
+
+    Each chunk's logits are made, reduced to logsumexp minus the target's logit in FP32, and dropped: no
+    [b*t, V] FP32 copy or log-softmax is ever written, and a chunk's logits stay in cache for its reduction.
+    Compiled (``tiny_llm.train.evaluate``), each chunk is one matmul and one fused reduction.
+    """
+    hidden, flat = model.hidden_states(inputs).flatten(0, 1), targets.flatten()
+    losses = []
+    for h, t in zip(hidden.split(rows), flat.split(rows), strict=True):
+        logits = at_least_fp32(F.linear(h, model.embed.weight))
+        picked = logits.gather(-1, t.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        losses.append(torch.where(t != IGNORE_INDEX, torch.logsumexp(logits, -1) - picked, 0.0))
+    return torch.cat(losses)
 
 
 def count_parameters(model: nn.Module) -> int:

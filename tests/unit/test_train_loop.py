@@ -55,7 +55,7 @@ def test_environment_and_result_files(all_policy_run: Path) -> None:
     assert set(result) >= {
         "parameters", "tokens", "step", "epochs", "best_subset_loss", "best_epoch", "final_validation",
         "seconds_this_session", "training_seconds", "training_elapsed_seconds", "training_tokens_per_second",
-        "elapsed_tokens_per_second", "peak_memory_bytes", "recipe_identity",
+        "elapsed_tokens_per_second", "peak_memory_bytes", "recipe_identity", "evaluation_tokens_per_second",
     }  # fmt: skip
     assert result["final_validation"]["split"] == "full" and result["final_validation"]["validation_complete"]
     assert "epoch 3/3 step 15/15" in (all_policy_run / "run.log").read_text()
@@ -119,6 +119,68 @@ def test_non_finite_update_fails_the_run(
     assert status["status"] == "failed" and status["step"] == 2
     assert status["error"] == "step 3: non-finite loss (loss nan, grad_norm nan)"
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+@pytest.mark.parametrize("policy", ["final", "interval"])
+def test_a_non_finite_fused_update_fails_the_run_at_its_own_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, policy: str
+) -> None:
+    """Fused AdamW skips the bad update (5) on the device; the loop finds it at the next train row (step 6,
+    log_every 2) or, saving after every update, before it saves step 5, and fails the run at step 5."""
+    from tiny_llm.train import engine as engine_module
+
+    finite, calls = engine_module.loss_sum, []
+
+    def nan_in_update_5(*args: object) -> torch.Tensor:  # microbatches: 2, 2, 2, 2, 2, 1 (epoch end)
+        calls.append(1)
+        return finite(*args) * (float("nan") if len(calls) == 9 else 1.0)
+
+    monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_5)
+    sets = ("runtime.deterministic=false", "runtime.fused_optimizer=true", "training.checkpoint_every=1")
+    run_dir = tmp_path / "run"
+    recipe = small_recipe(
+        tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets, f"training.checkpoint_policy={policy}"
+    )
+    assert run_training(recipe, quiet=True) == 1
+    status = read_json(run_dir / "status.json")
+    assert status["error"] == "step 5: non-finite loss (loss nan, grad_norm nan)"
+    assert status["status"] == "failed" and status["step"] == 4
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["event"] == "train"] == [2, 4]
+    if policy == "interval":
+        assert torch.load(run_dir / "latest.pt", weights_only=False)["progress"]["step"] == 4
+        assert len(calls) == 10  # found before step 5 was saved
+    else:
+        assert not (run_dir / "latest.pt").exists() and len(calls) == 11  # found at step 6's row
+
+
+def test_a_stop_after_a_skipped_update_fails_the_run_instead_of_saving_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    from tiny_llm.runtime import signals
+    from tiny_llm.train import engine as engine_module
+
+    finite, calls = engine_module.loss_sum, []
+
+    def nan_in_update_3_then_stop(*args: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 6:  # update 3's last microbatch
+            signals.request_stop()
+            return finite(*args) * float("nan")
+        return finite(*args)
+
+    monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_3_then_stop)
+    sets = (
+        "runtime.deterministic=false",
+        "runtime.fused_optimizer=true",
+        "training.checkpoint_policy=interval",
+    )
+    run_dir = tmp_path / "run"
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets), quiet=True) == 1
+    status = read_json(run_dir / "status.json")
+    assert status["status"] == "failed" and status["step"] == 2
+    assert status["error"] == "step 3: non-finite loss (loss nan, grad_norm nan)"
+    assert not (run_dir / "latest.pt").exists()
 
 
 def test_cache_too_small_is_a_user_error(

@@ -120,6 +120,48 @@ def test_non_finite_loss_stops_with_step_and_reason() -> None:
     assert all(not p.grad.any() for p in eng.params)  # the gradients are discarded (zeroed in place)
 
 
+def test_fused_update_skips_a_non_finite_update_on_the_device_and_every_later_one() -> None:
+    eng = engine("runtime.fused_optimizer=true")
+    assert eng.deferred_check and eng.optimizer.found_inf is eng.found_inf
+    for step in (1, 2):
+        eng.train_step(blocks(8, step), 1e-3, step)
+    weights = [p.detach().clone() for p in eng.params]
+    state = copy.deepcopy(eng.optimizer.state_dict()["state"])
+    finite = eng._compiled_loss
+    eng._compiled_loss = lambda i, t: finite(i, t) * float("nan")  # type: ignore[method-assign]
+    bad = eng.train_step(blocks(8, 3), 1e-3, 3)  # no host read, no exception yet
+    eng._compiled_loss = finite  # type: ignore[method-assign]
+    later = eng.train_step(blocks(8, 4), 1e-3, 4)  # finite, but the run already failed at step 3
+    assert all(torch.equal(p, q) for p, q in zip(eng.params, weights, strict=True))
+    for index, values in eng.optimizer.state_dict()["state"].items():
+        assert all(torch.equal(values[k], state[index][k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert bad.values is not None and torch.isnan(bad.values[0]) and later.loss == later.loss
+    with pytest.raises(NonFiniteError, match=r"step 3: non-finite loss \(loss nan, grad_norm nan\)"):
+        eng.check_finite()
+
+
+def test_fused_update_flags_a_non_finite_first_update_numbered_0() -> None:
+    eng = engine("runtime.fused_optimizer=true")  # the benchmark worker numbers its updates from 0
+    weights = [p.detach().clone() for p in eng.params]
+    finite = eng._compiled_loss
+    eng._compiled_loss = lambda i, t: finite(i, t) * float("inf")  # type: ignore[method-assign]
+    eng.train_step(blocks(8), 1e-3, 0)
+    assert all(torch.equal(p, q) for p, q in zip(eng.params, weights, strict=True))
+    with pytest.raises(NonFiniteError, match="step 0: non-finite loss"):
+        eng.check_finite()
+
+
+def test_fused_update_with_its_device_guard_equals_the_plain_fused_update() -> None:
+    guarded, plain = engine("runtime.fused_optimizer=true"), engine("runtime.fused_optimizer=true")
+    del plain.optimizer.found_inf
+    for step in (1, 2, 3):
+        a = guarded.train_step(blocks(8, step), 1e-3, step)
+        b = plain.train_step(blocks(8, step), 1e-3, step)
+        assert a.loss == b.loss and a.grad_norm == b.grad_norm
+    assert all(torch.equal(p, q) for p, q in zip(guarded.params, plain.params, strict=True))
+    guarded.check_finite()
+
+
 def test_full_microbatches_compiled_short_ones_eager() -> None:
     eng = engine("training.micro_batch_size=3")
     calls: list[tuple[str, int]] = []

@@ -22,6 +22,7 @@ import torch
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.errors import ConfigError, RunStateError
+from tiny_llm.runtime.compile_cache import setup_compile_cache
 
 # Lock files that keep parallel local jobs on different GPUs; held for the life of the process.
 _GPU_LOCKS: list[int] = []
@@ -186,6 +187,7 @@ def keep_cpu_heap() -> bool:
 def setup_runtime(recipe: RecipeConfig) -> torch.device:
     """Pick the device and apply threads, determinism and matmul precision; return the device."""
     rt = recipe.runtime
+    setup_compile_cache()  # before anything compiles: Inductor and Triton read it when they first need it
     device = select_device(rt.device)
     check_sdpa_backend(recipe, device)
     # More threads than usable cores only oversubscribes (GPU presets ask for 8 on any machine).

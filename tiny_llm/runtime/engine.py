@@ -13,7 +13,6 @@ packed engine: num_models, tokens_per_model, topology, scheme; the ordinary engi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,16 +26,61 @@ from tiny_llm.model import Llama
 from tiny_llm.runtime.device import uses_reference_attention
 
 
-@dataclass
 class StepStats:
-    loss: float
-    """Token-mean cross entropy of the whole update (nats)."""
-    grad_norm: float
-    """Global L2 gradient norm before clipping."""
-    tokens: int
-    """Targets in the update."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Engine-specific values (packed: local_losses, ...)."""
+    """What an update reports. ``loss`` (token-mean cross entropy of the whole update, nats) and
+    ``grad_norm`` (global L2 norm before clipping) may still be on the device: ``values`` is then the unread
+    [loss, grad_norm] pair (None when they are floats already), and reading ``loss`` or ``grad_norm`` waits
+    for the device once."""
+
+    def __init__(
+        self,
+        loss: float | torch.Tensor,
+        grad_norm: float | torch.Tensor,
+        tokens: int,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.values: torch.Tensor | None = None
+        self._read: tuple[float, float] | None = None
+        if isinstance(loss, torch.Tensor) or isinstance(grad_norm, torch.Tensor):
+            self.values = torch.stack([torch.as_tensor(loss).float(), torch.as_tensor(grad_norm).float()])
+        else:
+            self._read = (float(loss), float(grad_norm))
+        self.tokens = tokens
+        """Targets in the update."""
+        self.extra = extra if extra is not None else {}
+        """Engine-specific values (packed: local_losses, ...)."""
+
+    @classmethod
+    def deferred(cls, values: torch.Tensor, tokens: int) -> StepStats:
+        """Stats whose [loss, grad_norm] ``values`` stay on the device until read."""
+        stats = cls(0.0, 0.0, tokens)
+        stats.values, stats._read = values, None
+        return stats
+
+    def read(self) -> tuple[float, float]:
+        """(loss, grad_norm) as floats (a device read the first time, for deferred values)."""
+        if self._read is None:
+            assert self.values is not None
+            loss, grad_norm = self.values.tolist()
+            self._read = (loss, grad_norm)
+        return self._read
+
+    @staticmethod
+    def read_all(stats: list[StepStats]) -> None:
+        """Read the deferred values of many updates with one device transfer."""
+        unread = [s for s in stats if s._read is None]
+        if unread:
+            values = torch.stack([s.values for s in unread]).tolist()  # type: ignore[misc]
+            for s, (loss, grad_norm) in zip(unread, values, strict=True):
+                s._read = (loss, grad_norm)
+
+    @property
+    def loss(self) -> float:
+        return self.read()[0]
+
+    @property
+    def grad_norm(self) -> float:
+        return self.read()[1]
 
 
 class NonFiniteError(Exception):
@@ -53,6 +97,10 @@ class UpdateAborted(Exception):
 
 
 class Engine(Protocol):
+    """Optional: ``check_finite()``, for an engine that skips non-finite updates on the device instead of
+    reading every update's values: it raises ``NonFiniteError`` for the first skipped update (the loop calls
+    it before it reads a window's values, writes a row or saves state)."""
+
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
     def eval_model(self) -> nn.Module: ...
     def state_dict(self) -> dict: ...

@@ -30,6 +30,11 @@ from tiny_llm.runtime.engine import NonFiniteError, StepStats, UpdateAborted, bu
 from tiny_llm.runtime.optim import build_optimizer, set_lr
 
 
+def non_finite_reason(loss: float, grad_norm: float) -> str:
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    return f"non-finite {what} (loss {loss}, grad_norm {grad_norm})"
+
+
 class ModelEngine:
     """One Llama model, FP32 master weights, AdamW, gradient accumulation over microbatches."""
 
@@ -50,6 +55,17 @@ class ModelEngine:
         )
         self.compiled = uses_compile(recipe)
         self._compiled_loss = compile_loss(self._loss, recipe)
+        # Fused AdamW skips its step on the device when found_inf is 1 (as GradScaler uses it), so the
+        # finite check needs no host read per update: the flag stays 1 from the first non-finite update on,
+        # every later update of the window is skipped too, and check_finite() names that update's step.
+        # The unfused (deterministic) path keeps its one read per update, and its bitwise results.
+        self.deferred_check = uses_fused_optimizer(recipe, device)
+        if self.deferred_check:
+            self.found_inf = torch.zeros((), device=device)
+            self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
+            self.bad_values = torch.zeros(2, device=device)
+            # torch's fused Adam/AdamW read the attribute in step() (getattr, as GradScaler sets it).
+            setattr(self.optimizer, "found_inf", self.found_inf)  # noqa: B010
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # A forced SDPA kernel is entered inside the compiled region: compiled graphs ignore an outer one.
@@ -89,17 +105,42 @@ class ModelEngine:
         total = self.forward_backward(blocks, num_targets)
         with record_function("clipping"):
             norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")
-            loss, grad_norm = torch.stack([total / num_targets, norm_t.float()]).tolist()  # one device sync
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                self.zero_grads()
-                what = "loss" if not math.isfinite(loss) else "gradient norm"
-                raise NonFiniteError(step, f"non-finite {what} (loss {loss}, grad_norm {grad_norm})")
+            values = torch.stack([total / num_targets, norm_t.float()])
+            if self.deferred_check:
+                self._flag_non_finite(values, step)
+            else:
+                loss, grad_norm = self._check_now(values, step)
             if self.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
         with record_function("optimizer"):
             set_lr(self.optimizer, lr)
             self.optimizer.step()
+        if self.deferred_check:
+            return StepStats.deferred(values, num_targets)
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
+
+    def _check_now(self, values: torch.Tensor, step: int) -> tuple[float, float]:
+        """The update's (loss, norm), read at once (one device sync); NonFiniteError before stepping."""
+        loss, grad_norm = values.tolist()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.zero_grads()
+            raise NonFiniteError(step, non_finite_reason(loss, grad_norm))
+        return loss, grad_norm
+
+    def _flag_non_finite(self, values: torch.Tensor, step: int) -> None:
+        """On the device: remember the first non-finite update's step and values; raise found_inf for good."""
+        first = (self.first_bad_step < 0) & ~torch.isfinite(values).all()
+        self.first_bad_step.copy_(torch.where(first, step, self.first_bad_step))
+        self.bad_values.copy_(torch.where(first, values, self.bad_values))
+        self.found_inf.copy_((self.first_bad_step >= 0).float())
+
+    def check_finite(self) -> None:
+        """NonFiniteError for the first update skipped as non-finite (one device read); no-op otherwise."""
+        if not self.deferred_check:
+            return
+        step = int(self.first_bad_step)
+        if step >= 0:
+            raise NonFiniteError(step, non_finite_reason(*self.bad_values.tolist()))
 
     def eval_model(self) -> nn.Module:
         return self.model

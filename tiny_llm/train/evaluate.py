@@ -1,9 +1,17 @@
-"""Validation loss: per-target FP32 cross entropy accumulated in FP64, so batch size changes only rounding."""
+"""Validation loss: per-target FP32 cross entropy accumulated in FP64, so batch size changes only rounding.
+
+With runtime.compile (and not deterministic) a batch runs through one compiled function: the model's hidden
+states, then the loss chunk by chunk (``tiny_llm.model.chunked_token_losses``), so the FP32 logits copy and
+log-softmax of the eager path are never written. A short last batch is padded with ignored targets to the
+batch size, so the compiled shape never changes. Otherwise the eager ``token_losses`` runs, as it always did.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +20,16 @@ import torch
 from torch import nn
 
 from tiny_llm.config import RecipeConfig
-from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_losses
 from tiny_llm.progress import counted
-from tiny_llm.runtime.device import compute_context, setup_runtime, synchronize, to_device
+from tiny_llm.runtime.device import (
+    compute_context,
+    setup_runtime,
+    synchronize,
+    to_device,
+    uses_compile,
+    with_forced_kernel,
+)
 from tiny_llm.runtime.engine import EngineFactory, build_model
 
 
@@ -33,6 +48,11 @@ class EvalResult:
     validation_complete: bool
 
     @property
+    def tokens_per_second(self) -> float | None:
+        """Valid targets evaluated per second of the whole pass (data copies included)."""
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    @property
     def perplexity(self) -> float | None:
         """exp(loss); None (JSON null) where it overflows a float (loss > ~709 nats, a diverging run)."""
         return math.exp(self.loss) if self.loss < 700 else None
@@ -43,6 +63,7 @@ class EvalResult:
             "perplexity": self.perplexity,
             "tokens": self.tokens,
             "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
             "split": self.split,
             "validation_complete": self.validation_complete,
         }
@@ -51,6 +72,36 @@ class EvalResult:
 def subset_batches(blocks: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     for chunk in blocks.split(batch_size):
         yield chunk[:, :-1], chunk[:, 1:]
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# Logits per loss chunk: a few MiB keeps a CPU chunk in cache; larger GPU chunks keep the matmuls efficient.
+CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 28}
+# Evaluation never uses CUDA graphs: a large batch gains little from them, and graph trees replayed between
+# the training's own would have to be kept apart from them.
+EVAL_COMPILE_MODES = {"default": None, "reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, LossFn] = weakref.WeakKeyDictionary()
+
+
+def compiled_losses(model: nn.Module, recipe: RecipeConfig, device: torch.device) -> LossFn | None:
+    """The compiled per-target loss of ``model`` (made once per model), or None where evaluation is eager."""
+    if not (uses_compile(recipe) and isinstance(model, Llama)):
+        return None
+    if model not in _COMPILED:
+        rows = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // model.cfg.vocab_size)
+        fn = with_forced_kernel(functools.partial(chunked_token_losses, model, rows=rows), recipe)
+        _COMPILED[model] = torch.compile(fn, mode=EVAL_COMPILE_MODES[recipe.runtime.compile_mode])
+    return _COMPILED[model]
+
+
+def pad_batch(inputs: torch.Tensor, targets: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A short batch padded to ``rows`` rows with ignored targets (they add exactly 0 to the sum)."""
+    missing = rows - inputs.shape[0]
+    if missing <= 0:
+        return inputs, targets
+    pad = inputs.new_zeros(missing, inputs.shape[1])
+    return torch.cat([inputs, pad]), torch.cat([targets, pad.fill_(IGNORE_INDEX)])
 
 
 @torch.no_grad()
@@ -70,13 +121,17 @@ def evaluate_batches(
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
+    compiled = compiled_losses(model, recipe, device)
+    loss_fn = compiled or functools.partial(token_losses, model)
     try:
         for inputs, targets in batches:
             if should_stop is not None and should_stop():
                 raise EvaluationAborted()
             count += int((targets != IGNORE_INDEX).sum())
+            if compiled is not None:
+                inputs, targets = pad_batch(inputs, targets, recipe.evaluation.batch_size)
             with compute_context(recipe, device):
-                losses = token_losses(model, to_device(inputs, device), to_device(targets, device))
+                losses = loss_fn(to_device(inputs, device), to_device(targets, device))
             total += losses.double().sum()
     finally:
         model.train(was_training)

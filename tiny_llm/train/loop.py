@@ -33,7 +33,7 @@ from tiny_llm.runtime.device import (
     synchronize,
     uses_compile,
 )
-from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
+from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, StepStats, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint
@@ -102,6 +102,8 @@ class Trainer:
         self.policy = recipe.training.checkpoint_policy
         self._engine: Engine | None = None
         self._loader: TrainLoader | None = None
+        self.unsettled: list[tuple[StepStats, float, int, int]] = []
+        """Updates not yet in the window: (stats, seconds, step and tokens before the update)."""
 
     @property
     def started(self) -> bool:
@@ -233,7 +235,7 @@ class Trainer:
         if logs_row or saves:
             synchronize(self.device)  # ... and stops when its last kernels are done, before untimed work
         seconds = time.perf_counter() - started
-        self._account(stats.loss, stats.tokens, seconds, stats.grad_norm, num_blocks)
+        self._account(stats, seconds, num_blocks)
         if logs_row:
             self.log_train_row(epoch + 1, lr, stats.extra)
         if epoch_end:
@@ -242,23 +244,43 @@ class Trainer:
         if saves:
             self.save(checkpoint.LATEST)
 
-    def _account(self, loss: float, tokens: int, seconds: float, grad_norm: float, blocks: int) -> None:
+    def _account(self, stats: StepStats, seconds: float, blocks: int) -> None:
         p = self.progress
         if self.first_update_at is None:
             self.first_update_at = time.perf_counter() - seconds
         if self.elapsed_mark is None:
             self.elapsed_mark = self.first_update_at
         self._tick_elapsed()
+        self.unsettled.append((stats, seconds, p.step, p.tokens))
+        tokens = stats.tokens
         p.step += 1
         p.blocks += blocks
         p.tokens += tokens
         p.training_seconds += seconds
-        p.window.add(loss, tokens, seconds, grad_norm)
         self.session_tokens += tokens
         self.session_updates += 1
         self.session_update_seconds += seconds
 
+    def settle(self) -> None:
+        """Bring the updates since the last settle into the window: the engine's deferred finite check
+        first (NonFiniteError naming the first non-finite update, progress set back to just before it),
+        then their losses and norms in one device read."""
+        if not self.unsettled:
+            return
+        try:
+            getattr(self.engine, "check_finite", lambda: None)()
+        except NonFiniteError as exc:
+            before = next((u for u in self.unsettled if u[2] == exc.step - 1), None)
+            if before is not None:
+                self.progress.step, self.progress.tokens = before[2], before[3]
+            raise
+        StepStats.read_all([stats for stats, *_ in self.unsettled])
+        for stats, seconds, *_ in self.unsettled:
+            self.progress.window.add(stats.loss, stats.tokens, seconds, stats.grad_norm)
+        self.unsettled.clear()
+
     def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
+        self.settle()
         p, w = self.progress, self.progress.window
         tps = w.tokens / w.seconds if w.seconds > 0 else 0.0
         row: dict[str, Any] = {
@@ -389,6 +411,7 @@ class Trainer:
             self.save(f"{stem}.pt")
 
     def save(self, name: str, loader_state: dict[str, Any] | None = None) -> None:
+        self.settle()  # never save state past a non-finite update; the window's sums are part of the state
         self._tick_elapsed()
         if self.progress.window.updates:  # an open window's peak so far (an interruption or checkpoint)
             self._fold_training_peak()
@@ -404,6 +427,10 @@ class Trainer:
         checkpoint.save_state(self.run_dir / name, state)
 
     def interrupt(self) -> int:
+        try:
+            self.settle()
+        except NonFiniteError as exc:  # a non-finite update before the signal: the run failed there
+            return self.fail(str(exc))
         if self.policy != "none" and self.started:
             try:
                 self.save(checkpoint.LATEST)
@@ -446,6 +473,7 @@ class Trainer:
             "best_subset_loss": p.best_loss,
             "best_epoch": p.best_epoch,
             "final_validation": full.as_dict(),
+            "evaluation_tokens_per_second": full.tokens_per_second,
             "seconds_this_session": time.perf_counter() - self.session_start,
             "training_seconds": p.training_seconds,
             "training_elapsed_seconds": p.elapsed_seconds,
