@@ -57,6 +57,8 @@ class Budget:
     """Cumulative block index at the end of each epoch; the last is the total."""
     data_passes: int = 1
     """Passes over the unique blocks (training.data_passes)."""
+    group_tokens: int | None = None
+    """Loader v2: tokens of one shuffle group (data.shuffle_group_size x data.shard_tokens); None = v1."""
 
     @property
     def num_blocks(self) -> int:
@@ -78,7 +80,10 @@ class Budget:
 
     @property
     def cache_tokens_needed(self) -> int:
-        """Train tokens the cache must hold: every unique target plus the first input token."""
+        """Train tokens the cache must hold: every unique target plus the first input token (loader v2:
+        every block of the groups the run touches, see `loader_v2_tokens_needed`)."""
+        if self.group_tokens is not None:
+            return loader_v2_tokens_needed(self.num_blocks, self.context_length, self.group_tokens)
         return self.unique_blocks * self.context_length + 1
 
     def epoch_updates(self, epoch: int) -> list[int]:
@@ -103,6 +108,14 @@ class Budget:
         return out
 
 
+def loader_v2_tokens_needed(num_blocks: int, context_length: int, group_tokens: int) -> int:
+    """Train tokens a v2 run of ``num_blocks`` needs: every block of the groups it touches, the last
+    block's final target, and one token of the next shard (which marks the group complete)."""
+    L = context_length
+    end = ((num_blocks - 1) * L // group_tokens + 1) * group_tokens  # smallest group end past the last block
+    return max(-(-end // L) * L + 1, end + 1)
+
+
 def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
     """Budget of ``recipe``; packed runs count one model's parameters and keep epochs multiples of N."""
     model, training = recipe.model, recipe.training
@@ -124,6 +137,8 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
         blocks_per_update=training.batch_tokens // L,
         epoch_boundaries=boundaries,
         data_passes=training.data_passes,
+        group_tokens=recipe.data.shuffle_group_size
+        and recipe.data.shuffle_group_size * recipe.data.shard_tokens,
     )
 
 

@@ -82,6 +82,9 @@ class DataConfig:
     """Size of one contiguous loader read (and prefetch unit)."""
     prefetch: bool = True
     """Read the next loader range in a background thread."""
+    shuffle_group_size: int | None = field(default=None, metadata={"late": True})
+    """Loader v2: shuffle groups of this many physical shards, visited in file order, so a shorter run's
+    samples are a prefix of a longer run's; null = loader v1 (ranges of buffer_size_mib in seeded order)."""
     prepare_train_tokens: int | None = None
     """Train tokens to cache; null = what the training budget needs (+1)."""
     prepare_validation_tokens: int | None = None
@@ -460,6 +463,13 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         problems.append(
             f"training.micro_batch_size: {t.micro_batch_size} sequences exceed the "
             f"{t.batch_tokens // m.context_length} sequences of one update (training.batch_tokens)"
+        )
+    group = recipe.data.shuffle_group_size
+    if group is not None and group < 1:
+        problems.append(f"data.shuffle_group_size: must be >= 1 or null, got {group}")
+    elif group is not None and t.data_passes > 1:
+        problems.append(
+            "data.shuffle_group_size: loader v2 reads every block once; set training.data_passes 1"
         )
     if t.epoch_tokens_per_parameter > t.tokens_per_parameter:
         problems.append("training.epoch_tokens_per_parameter: larger than training.tokens_per_parameter")

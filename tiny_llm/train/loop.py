@@ -120,6 +120,7 @@ class Trainer:
             buffer_size_mib=self.recipe.data.buffer_size_mib,
             prefetch=self.recipe.data.prefetch,
             passes=self.budget.data_passes,
+            shuffle_group_size=self.recipe.data.shuffle_group_size,
         )
         if state is None:
             self.metrics.reset()
