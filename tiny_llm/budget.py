@@ -142,6 +142,16 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
     )
 
 
+def kept_epochs(recipe: RecipeConfig) -> list[int]:
+    """1-based epochs whose epoch-NNN files a run writes: training.checkpoint_epochs (those within the run),
+    else every epoch under policy all, else none."""
+    num_epochs = make_budget(recipe).num_epochs
+    chosen = recipe.training.checkpoint_epochs
+    if chosen is not None and recipe.training.checkpoint_policy in ("interval", "all"):
+        return sorted(e for e in chosen if e <= num_epochs)
+    return list(range(1, num_epochs + 1)) if recipe.training.checkpoint_policy == "all" else []
+
+
 def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
     """Every epoch boundary must be a multiple of N blocks, and no epoch may be empty (recipe validation)."""
     n = recipe.decentralized.num_models
@@ -154,16 +164,22 @@ def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
     ]
 
 
-def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:
+def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig, batch_tokens: int | None = None) -> float:
     """Learning rate after ``tokens`` targets (evaluate at an update's end token).
 
-    Linear warmup over warmup_fraction of the tokens, then either cosine down to
+    Linear warmup over warmup_fraction of the tokens (or warmup_steps x ``batch_tokens``, the first
+    warmup_steps full updates, whatever the total), then either cosine down to
     min_lr_ratio x peak, or (wsd, as the reference) the peak held until the last
     decay_fraction of the tokens and peak x (1 - sqrt(q)) down to 0 over it, q
     the progress through that decay (0 -> 1). min_lr_ratio is cosine's only.
     """
     peak = opt.lr
-    warmup = opt.warmup_fraction * total_tokens
+    if opt.warmup_steps is not None:
+        if batch_tokens is None:
+            raise ValueError("lr_at needs batch_tokens when optimizer.warmup_steps is set")
+        warmup = float(opt.warmup_steps * batch_tokens)
+    else:
+        warmup = opt.warmup_fraction * total_tokens
     if tokens < warmup:
         return peak * tokens / warmup
     if opt.lr_schedule == "wsd":

@@ -36,7 +36,7 @@ def step_learning_rates(recipe: RecipeConfig) -> list[float]:
     budget = make_budget(recipe)
     length = budget.context_length
     return [
-        lr_at((start + blocks) * length, budget.tokens, recipe.optimizer)
+        lr_at((start + blocks) * length, budget.tokens, recipe.optimizer, recipe.training.batch_tokens)
         for _, start, blocks in budget.update_schedule()
     ]
 

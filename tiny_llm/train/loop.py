@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.budget import Budget, flops_per_token, lr_at, make_budget
+from tiny_llm.budget import Budget, flops_per_token, kept_epochs, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_payload, recipe_to_dict
 from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
@@ -100,6 +100,7 @@ class Trainer:
         self.elapsed_mark: float | None = None
         """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
+        self.kept_epochs = set(kept_epochs(recipe))
         self.engine: Engine | None = None
         self.loader: TrainLoader | None = None
 
@@ -221,7 +222,7 @@ class Trainer:
         started = time.perf_counter()
         blocks = pin_for(self.loader.next_blocks(num_blocks), self.device)
         end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
-        lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer)
+        lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer, self.recipe.training.batch_tokens)
         try:
             stats = self.engine.train_step(blocks, lr, step)
         except UpdateAborted:
@@ -315,10 +316,11 @@ class Trainer:
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
         improved = p.best_loss is None or result.loss < p.best_loss
         p.epochs_done, p.pending_epoch = epoch, None
+        keep = epoch in self.kept_epochs
         if improved:
-            weights = f"{checkpoint.epoch_stem(epoch)}.safetensors" if self.policy == "all" else None
+            weights = f"{checkpoint.epoch_stem(epoch)}.safetensors" if keep else None
             p.best_epoch, p.best_loss, p.best_weights = epoch, result.loss, weights
-        if self.policy == "all":
+        if keep:
             self.save_epoch_files(epoch)
         if improved:
             self._write_best()
