@@ -164,6 +164,15 @@ def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
     ]
 
 
+def warmup_tokens(total_tokens: float, opt: OptimizerConfig, batch_tokens: int | None) -> float:
+    """Targets of the linear warm-up: warmup_steps full updates, else warmup_fraction of the total."""
+    if opt.warmup_steps is None:
+        return opt.warmup_fraction * total_tokens
+    if batch_tokens is None:
+        raise ValueError("the warm-up needs batch_tokens when optimizer.warmup_steps is set")
+    return float(opt.warmup_steps * batch_tokens)
+
+
 def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig, batch_tokens: int | None = None) -> float:
     """Learning rate after ``tokens`` targets (evaluate at an update's end token).
 
@@ -174,12 +183,7 @@ def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig, batch_tokens
     the progress through that decay (0 -> 1). min_lr_ratio is cosine's only.
     """
     peak = opt.lr
-    if opt.warmup_steps is not None:
-        if batch_tokens is None:
-            raise ValueError("lr_at needs batch_tokens when optimizer.warmup_steps is set")
-        warmup = float(opt.warmup_steps * batch_tokens)
-    else:
-        warmup = opt.warmup_fraction * total_tokens
+    warmup = warmup_tokens(total_tokens, opt, batch_tokens)
     if tokens < warmup:
         return peak * tokens / warmup
     if opt.lr_schedule == "wsd":
@@ -191,6 +195,28 @@ def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig, batch_tokens
     floor = peak * opt.min_lr_ratio
     q = min(1.0, (tokens - warmup) / max(total_tokens - warmup, 1e-12))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+def step_lrs(recipe: RecipeConfig) -> list[float]:
+    """The LR of every update, evaluated at the update's end token (as the trainer does)."""
+    budget = make_budget(recipe)
+    batch, length = recipe.training.batch_tokens, budget.context_length
+    return [
+        lr_at((start + n) * length, budget.tokens, recipe.optimizer, batch)
+        for _, start, n in budget.update_schedule()
+    ]
+
+
+def stable_updates(recipe: RecipeConfig) -> int:
+    """Updates before a WSD run's decay: those ending at or before its decay start, which every longer
+    horizon with the same warm-up in steps trains identically. The whole run for cosine."""
+    budget, opt = make_budget(recipe), recipe.optimizer
+    if opt.lr_schedule != "wsd":
+        return budget.num_updates
+    warmup = warmup_tokens(budget.tokens, opt, recipe.training.batch_tokens)
+    decay_start = max(warmup, budget.tokens * (1.0 - opt.decay_fraction))
+    L = budget.context_length
+    return sum(1 for _, start, n in budget.update_schedule() if (start + n) * L <= decay_start)
 
 
 def describe(recipe: RecipeConfig) -> dict[str, int | float]:

@@ -107,7 +107,7 @@ def test_warmup_steps_warm_up_over_full_updates_whatever_the_total() -> None:
         assert lr_at(0, total, opt, batch_tokens=100) == 0.0
         assert lr_at(100, total, opt, batch_tokens=100) == pytest.approx(opt.lr / 4)  # after update 1 of 4
         assert lr_at(400, total, opt, batch_tokens=100) == opt.lr
-    with pytest.raises(ValueError, match="batch_tokens"):
+    with pytest.raises(ValueError, match="needs batch_tokens"):
         lr_at(100, 1000.0, opt)
 
 

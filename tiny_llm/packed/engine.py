@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tiny_llm.budget import lr_at, make_budget
+from tiny_llm.budget import step_lrs
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_, peer_offset
 from tiny_llm.packed.model import PackedLlama, local_losses
@@ -31,21 +31,11 @@ _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 STATE_VERSION = 1
 
 
-def step_learning_rates(recipe: RecipeConfig) -> list[float]:
-    """The LR of every update, evaluated at the update's end token (as the trainer does)."""
-    budget = make_budget(recipe)
-    length = budget.context_length
-    return [
-        lr_at((start + blocks) * length, budget.tokens, recipe.optimizer, recipe.training.batch_tokens)
-        for _, start, blocks in budget.update_schedule()
-    ]
-
-
 def build_consensus(recipe: RecipeConfig) -> ConsensusSchedule | None:
     ac = recipe.decentralized.adaptive_consensus if recipe.decentralized else None
     if ac is None:
         return None
-    return consensus_schedule(ac.start_frac, ac.p, step_learning_rates(recipe))
+    return consensus_schedule(ac.start_frac, ac.p, step_lrs(recipe))
 
 
 def split_workers(blocks: torch.Tensor, num_models: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ from tiny_llm.runtime.device import (
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
-from tiny_llm.train import checkpoint
+from tiny_llm.train import checkpoint, continuation
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 
@@ -103,14 +103,24 @@ class Trainer:
         self.kept_epochs = set(kept_epochs(recipe))
         self.engine: Engine | None = None
         self.loader: TrainLoader | None = None
+        self.stop_at: int | None = None
+        """Stop after this update, keep its state and write stopped.json (a trunk)."""
+        self.keep_at: set[int] = set()
+        """Updates after which an immutable step-NNNNNNN.pt is kept (a trunk's branch points)."""
 
     # ------------------------------------------------------------------ setup
 
-    def start(self, resume_path: Path | None, state: dict[str, Any] | None = None) -> None:
-        """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded)."""
+    def start(
+        self, resume_path: Path | None, state: dict[str, Any] | None = None, branch: bool = False
+    ) -> None:
+        """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded); ``branch``: the
+        state is another run's, trained to a point this recipe shares (`continuation`)."""
         if state is None and resume_path is not None:
             state = checkpoint.load_state(resume_path)
-        if state is not None:
+        if branch:
+            continuation.check_continues(state, resume_path, self.recipe, self.cache.identity)
+            continuation.copy_trunk_metrics(resume_path.parent / "metrics.jsonl", self.metrics.path)
+        elif state is not None:
             self._check_compatible(state, resume_path)
         self.engine = self.build_engine(self.recipe, self.device)
         self.loader = TrainLoader(
@@ -201,11 +211,36 @@ class Trainer:
         if self.progress.pending_epoch is not None:
             self.elapsed_mark = time.perf_counter()  # validation left pending belongs to training time
             self.finish_epoch()
-        while self.progress.step < len(self.schedule):
+        end = len(self.schedule) if self.stop_at is None else min(self.stop_at, len(self.schedule))
+        self.keep_state()
+        while self.progress.step < end:
             if signals.stop_requested():
                 raise Interrupted()
             self.update()
+            self.keep_state()
+        if end < len(self.schedule):
+            return self.stop()
         self.finish()
+        return EXIT_COMPLETE
+
+    def keep_state(self) -> None:
+        """The state after a branch point, once (immutable)."""
+        step = self.progress.step
+        if (
+            step in self.keep_at | {self.stop_at}
+            and not (self.run_dir / continuation.state_name(step)).exists()
+        ):
+            self.save(continuation.state_name(step))
+
+    def stop(self) -> int:
+        """A trunk's end: the state to resume from, status ``stopped`` and stopped.json last."""
+        p = self.progress
+        if self.policy != "none":
+            self.save(checkpoint.LATEST)
+        self._write_status("stopped")
+        kept = sorted(s for s in self.keep_at | {self.stop_at} if s <= p.step)
+        continuation.write_stopped(self.run_dir, p.step, p.tokens, kept)
+        self.log(f"stopped at step {p.step} (--stop-at-step); kept states after steps {kept}")
         return EXIT_COMPLETE
 
     def update(self) -> None:
@@ -500,11 +535,26 @@ def already_complete(run_dir: Path, identity: str) -> bool:
     return status.get("status") == "complete" and result.get("recipe_identity") == identity
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """Where a run stops and which states it keeps (a trunk), or the state it starts from (a branch)."""
+
+    stop_at_step: int | None = None
+    keep_states_at: tuple[int, ...] = ()
+    from_state: Path | None = None
+
+
 def run_training(
-    recipe: RecipeConfig, build_engine: EngineFactory, resume: str | None = None, quiet: bool = False
+    recipe: RecipeConfig,
+    build_engine: EngineFactory,
+    resume: str | None = None,
+    quiet: bool = False,
+    plan: Continuation | None = None,
 ) -> int:
     """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
-    exit codes. ``tiny_llm.runner.run_training`` passes the engine the recipe needs."""
+    exit codes. ``tiny_llm.runner.run_training`` passes the engine the recipe needs. ``plan``: stop early
+    keeping states, or start from another run's state when the directory holds none."""
+    plan = plan or Continuation()
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
@@ -513,11 +563,16 @@ def run_training(
             stale.unlink(missing_ok=True)
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
+        trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE
         try:
-            trainer.start(*(given if given is not None else resolve_resume(run_dir, resume, log)))
+            path, state = given if given is not None else resolve_resume(run_dir, resume, log)
+            if path is None and plan.from_state is not None:
+                trainer.start(plan.from_state, branch=True)
+            else:
+                trainer.start(path, state)
             return trainer.run()
         except Interrupted:
             return trainer.interrupt()
