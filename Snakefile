@@ -61,6 +61,7 @@ include: "rules/campaign.smk"
 include: "rules/packed.smk"
 include: "rules/export.smk"
 include: "rules/analysis.smk"
+include: "rules/horizons.smk"
 
 
 rule all:
@@ -73,6 +74,7 @@ rule all:
         PLAN.default_targets("packed"),
         PLAN.default_targets("export"),
         PLAN.default_targets("analysis"),
+        PLAN.default_targets("horizons"),
 
 
 rule data:
@@ -108,6 +110,11 @@ rule export:
 rule analysis:
     input:
         PLAN.targets("analysis"),
+
+
+rule horizons:
+    input:
+        PLAN.targets("horizons"),
 
 
 onstart:

@@ -23,6 +23,7 @@ from tiny_llm.pipeline import (
 from tiny_llm.pipeline.analysis import ANALYSIS_DIR
 from tiny_llm.pipeline.export import EXPORTS_DIR, EXPORTS_REPORT_DIR
 from tiny_llm.pipeline.export import PROMPTS_FILE as EXPORT_PROMPTS
+from tiny_llm.pipeline.horizons import HORIZONS_DIR, HORIZONS_REPORT_DIR
 
 
 wildcard_constraints:
@@ -166,3 +167,18 @@ def analysis_jobs(wildcards) -> list[str]:
 def analysis_metrics(wildcards) -> str:
     run_dir = PLAN.analysis.runs[wildcards.aname].run_dir
     return f"--metrics {run_dir}/metrics.jsonl" if run_dir else ""
+
+
+# ---------------------------------------------------------------------- horizons
+
+
+def horizon_branch_state(wildcards) -> str:
+    return PLAN.horizons.branch_state(int(wildcards.hseed), wildcards.horizon)
+
+
+def horizon_trunk_done(wildcards) -> str:
+    return PLAN.horizons.trunk_done(int(wildcards.hseed))
+
+
+def horizon_branch_dirs(wildcards, input) -> str:
+    return " ".join(str(Path(path).parent) for path in input)

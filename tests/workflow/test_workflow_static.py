@@ -194,3 +194,13 @@ def test_timed_jobs_take_every_core_so_nothing_runs_beside_them(tmp_path: Path) 
     assert timed and training
     assert all(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in timed)
     assert not any(re.search(r"^\s+threads: 2$", b, re.MULTILINE) for b in training)  # 1 is not printed
+
+
+def test_the_reference_wsd_horizon_study_dry_runs_to_3_trunks_and_15_branches(tmp_path: Path) -> None:
+    """config/wsd-horizons-20m.yaml: 5 horizons x 3 seeds; a trunk per seed, stopped at 160's decay start."""
+    proc = snakemake(tmp_path, REPO / "config" / "wsd-horizons-20m.yaml", "-n", "horizons")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["train_trunk"] == 3 and counts["train_branch"] == 15 and counts["report_horizons"] == 1
+    assert "--stop-at-step 22464 --keep-state-at 2808 5615 11231 16848" in proc.stdout
+    assert "--from-state results/horizons/seed43/trunk/step-0011231.pt" in proc.stdout

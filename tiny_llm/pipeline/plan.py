@@ -19,6 +19,7 @@ from tiny_llm.pipeline.analysis import AnalysisPlan
 from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.export import EXPORTS_REPORT_DIR, ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.horizons import HorizonsPlan
 from tiny_llm.pipeline.layout import (
     CORPUS_DIR,
     PACKED_BENCH_DIR,
@@ -35,7 +36,7 @@ from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis")
+STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons")
 # Jobs that measure throughput: nothing else may run beside them (see WorkflowPlan.threads).
 TIMED_KINDS = ("tuning", "bench")
 
@@ -82,6 +83,8 @@ class WorkflowPlan:
             self._cache_needs.append(self.analysis.add("packed", run, self.packed.recipes[run]))
         for reference in self.analysis.references("campaign"):
             self._cache_needs.append(self._analysed_campaign_run(reference))
+        self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
+        self._cache_needs += self.horizons.cache_needs()
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         if config["sizes"]:
             self.files.add(PREPARE_RECIPE, self._prepare_recipe())
@@ -218,6 +221,8 @@ class WorkflowPlan:
             return self.size_resources(self.packed.size(wildcards.packed_run))
         if kind == "campaign":
             return self.size_resources(self.campaign_or_fail().size(wildcards.run))
+        if kind == "horizons":
+            return self.size_resources(self.horizons.size())
         if kind == "tuning":
             size = self.size_resources(self.tuning.size(wildcards.profile))
             minutes = self.tuning.candidate_runtime_minutes(wildcards.profile)
@@ -301,6 +306,8 @@ class WorkflowPlan:
             return self.export.targets()
         if stage == "analysis":
             return self.analysis.targets()
+        if stage == "horizons":
+            return self.horizons.targets()
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 
     def default_targets(self, stage: str) -> list[str]:
@@ -309,6 +316,7 @@ class WorkflowPlan:
         enabled["packed"] = self.config["packed"]["default_target"]
         enabled["export"] = self.config["export"]["default_target"]
         enabled["analysis"] = self.config["analysis"]["default_target"]
+        enabled["horizons"] = self.config["horizons"]["default_target"]
         return self.targets(stage) if enabled.get(stage, True) else []
 
 
