@@ -128,8 +128,9 @@ class PackedEngine:
         norms = worker_norms(self.model.grad_arena)
         values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
         local_list, norm_list = values[: self.num_models], values[self.num_models :]
-        # The logged loss and norm are the workers' means (each worker's own values are in extra).
-        loss, grad_norm = sum(local_list) / len(local_list), sum(norm_list) / len(norm_list)
+        # The logged loss is the workers' mean, the norm their max, as the reference logs them (each worker's
+        # own values are in extra).
+        loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
         if not all(math.isfinite(v) for v in local_list + norm_list):
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
@@ -142,7 +143,7 @@ class PackedEngine:
         extra = {
             "local_losses": local_list,
             "local_grad_norms": norm_list,
-            "tokens_per_model": tokens // self.num_models,
+            "update_tokens_per_model": tokens // self.num_models,
             "mixing_gamma": gamma,
             **self.mixing_facts(update, gamma),
         }
@@ -180,6 +181,10 @@ class PackedEngine:
         kernels = dispatched_attention_kernels(lambda: self._backward(self._loss, workers))
         self.model.grad_arena.zero_()
         return kernels
+
+    def row_fields(self, tokens: int) -> dict[str, Any]:
+        """Cumulative facts of a train row; ``tokens`` is the run's so far over all workers."""
+        return {"tokens_per_model": tokens // self.num_models}
 
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""

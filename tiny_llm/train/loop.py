@@ -301,9 +301,11 @@ class Trainer:
             "tokens": p.tokens,
             "loss": w.loss_sum / w.tokens,
             "lr": lr,
-            "grad_norm": w.grad_norm_sum / w.updates,
+            "grad_norm": w.grad_norm_last,
+            "grad_norm_window_mean": w.grad_norm_sum / w.updates,
             "tokens_per_second": tps,
-            "training_seconds": p.training_seconds,
+            "training_seconds": w.seconds,
+            "cumulative_training_seconds": p.training_seconds,
             "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
             "peak_memory_bytes": self._fold_training_peak(),
         }
@@ -311,6 +313,8 @@ class Trainer:
         if peak:
             row["mfu"] = tps * flops_per_token(self.recipe.model) / peak
         row.update({k: v for k, v in extra.items() if k not in row})
+        if hasattr(self.engine, "row_fields"):  # an engine's cumulative facts (packed: tokens_per_model)
+            row.update(self.engine.row_fields(p.tokens))
         self.metrics.append(row)
         per_update = self.session_update_seconds / max(self.session_updates, 1)
         eta = per_update * (len(self.schedule) - p.step)
