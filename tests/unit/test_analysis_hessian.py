@@ -155,7 +155,9 @@ def test_rademacher_estimator_recovers_the_trace_of_a_known_quadratic() -> None:
     result = curvature_pass(quadratic_loss, flat, [torch.zeros(1)], 1, directions)
     rows = [{"quadratic": q} for q in result.quadratics]
     noise = [{"quadratic": 1.0, "noise_norm_squared": 1.0, "gradient_norm": 1.0}]
-    estimate = summarize(noise, rows, [], dimension=dimension, mean_gradient_norm=0.0)["normalized_random_alignment"]
+    estimate = summarize(noise, rows, [], dimension=dimension, mean_gradient_norm=0.0)[
+        "normalized_random_alignment"
+    ]
     exact = float(torch.trace(a)) / dimension
     off_diagonal = float((a**2).sum() - (torch.diagonal(a) ** 2).sum())
     sigma = math.sqrt(2 * off_diagonal / num_random) / dimension  # the estimator's standard deviation
