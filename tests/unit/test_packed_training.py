@@ -59,6 +59,7 @@ def test_packed_run_logs_workers_and_exports_average_and_nodes(straight_run):
 def test_packed_run_records_its_workers_mixing_and_attention_kernels(straight_run):
     result = json.loads((straight_run / "result.json").read_text())
     assert result["num_models"] == 4 and result["tokens_per_model"] * 4 == result["tokens"]
+    assert result["total_parameters"] == 4 * result["parameters"]
     assert (result["topology"], result["scheme"]) == ("one_peer_exponential", "awc")
     train = [r for r in metric_rows(straight_run) if r["event"] == "train"]
     for row in train:  # exponential, N=4: peer offsets 1, 2, 1, 2, ... by 0-based update

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tiny_llm.budget import step_lrs
+from tiny_llm.budget import parameter_count, step_lrs
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_, peer_offset
 from tiny_llm.packed.model import PackedLlama, local_losses
@@ -190,6 +190,7 @@ class PackedEngine:
         """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""
         return {
             "num_models": self.num_models,
+            "total_parameters": self.num_models * parameter_count(self.recipe.model),
             "tokens_per_model": tokens // self.num_models,
             "topology": self.topology,
             "scheme": self.scheme,

@@ -147,7 +147,7 @@ class Trainer:
             self.log(f"resumed from {resume_path} at step {self.progress.step}/{self.budget.num_updates}")
         atomic_write_yaml(self.run_dir / "resolved.yaml", recipe_to_dict(self.recipe))
         self._write_status("running")
-        self._write_environment()
+        self._write_environment(resumed=state is not None and not branch)
         self.session_start = time.perf_counter()
         self.subset = validation_subset(
             self.cache,
@@ -177,7 +177,9 @@ class Trainer:
         self.metrics.truncate_to_step(self.progress.step)
         self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
 
-    def _write_environment(self) -> None:
+    def _write_environment(self, resumed: bool) -> None:
+        """environment.json of the session that started the run; a resumed session's goes to
+        environment-resume.json (the latest resume's), so the first one is kept."""
         env = capture_environment(
             self.device,
             parameters=count_parameters(self.engine.eval_model()),
@@ -186,7 +188,7 @@ class Trainer:
             attention_kernels=self._attention_kernels(),
             compiled=uses_compile(self.recipe),
         )
-        atomic_write_json(self.run_dir / "environment.json", env)
+        atomic_write_json(self.run_dir / ("environment-resume.json" if resumed else "environment.json"), env)
 
     def _attention_kernels(self) -> list[str]:
         """One profiled eager forward+backward on a single block; gradients are discarded."""
