@@ -79,6 +79,14 @@ class Budget:
         return -(-self.num_blocks // self.data_passes)
 
     @property
+    def read_blocks(self) -> int:
+        """Blocks at the start of the cache that the run's samples come from (loader v2: every block of the
+        groups it touches, though it trains on num_blocks of them)."""
+        if self.group_tokens is not None:
+            return (self.cache_tokens_needed - 1) // self.context_length
+        return self.unique_blocks
+
+    @property
     def cache_tokens_needed(self) -> int:
         """Train tokens the cache must hold: every unique target plus the first input token (loader v2:
         every block of the groups the run touches, see `loader_v2_tokens_needed`)."""

@@ -151,3 +151,20 @@ def test_kept_epochs_and_the_checkpoints_an_analysis_can_name() -> None:
         load_recipe(["tiny"], [*sets, "training.checkpoint_epochs=[1]"])
     with pytest.raises(ConfigError, match="optimizer.warmup_steps: exclusive with optimizer.warmup_fraction"):
         load_recipe(["tiny"], ["optimizer.warmup_steps=3"])
+
+
+def test_loader_v2_reads_whole_groups_and_the_unseen_case_starts_after_them() -> None:
+    from tiny_llm.analysis.names import unseen_range
+
+    # tiny: 0.1 x P = 207 blocks of 64; groups of 2 shards of 4,096 tokens = 128 blocks each
+    sets = [
+        "training.tokens_per_parameter=0.1",
+        "training.epoch_tokens_per_parameter=0.05",
+        "data.shard_tokens=4096",
+    ]
+    v1 = make_budget(load_recipe(["tiny"], sets))
+    v2 = make_budget(load_recipe(["tiny"], [*sets, "data.shuffle_group_size=2"]))
+    assert v2.update_schedule() == v1.update_schedule()  # the budget itself does not change
+    assert v1.cache_tokens_needed == 207 * 64 + 1 and v1.read_blocks == 207
+    assert v2.cache_tokens_needed == 2 * 8192 + 1 and v2.read_blocks == 256  # both groups, one token more
+    assert unseen_range(load_recipe(["tiny"], [*sets, "data.shuffle_group_size=2"]))[0] == 256

@@ -62,14 +62,14 @@ def missing_checkpoints(recipe: RecipeConfig, wanted: list[str]) -> list[str]:
 
 def unseen_range(recipe: RecipeConfig) -> tuple[int, int]:
     """(first block, blocks) of the unseen case: right after the last block training reads (the budget's last,
-    or with training.data_passes the last unique one), the first epoch's blocks rounded down to whole
-    effective batches (a first epoch shorter than one batch: to whole workers)."""
+    with training.data_passes the last unique one, with loader v2 the last of its groups), the first epoch's
+    blocks rounded down to whole effective batches (a first epoch shorter than one batch: whole workers)."""
     budget = make_budget(recipe)
     workers = recipe.decentralized.num_models if recipe.decentralized else 1
     first, per_update = budget.epoch_boundaries[0], budget.blocks_per_update
     if first >= per_update:
-        return budget.unique_blocks, first // per_update * per_update
-    return budget.unique_blocks, max(workers, first // workers * workers)
+        return budget.read_blocks, first // per_update * per_update
+    return budget.read_blocks, max(workers, first // workers * workers)
 
 
 def cache_tokens_needed(recipe: RecipeConfig, cases: tuple[str, ...] = CASES) -> int:
