@@ -213,3 +213,15 @@ def test_grad_norm_is_the_windows_last_update_and_its_mean_has_a_name_of_its_own
         assert row["grad_norm_window_mean"] == pytest.approx(sum(window) / len(window), rel=1e-12)
         previous = row["step"]
     assert any(r["grad_norm"] != r["grad_norm_window_mean"] for r in train)
+
+
+def test_checkpoint_epochs_keep_only_the_listed_epochs_states(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    run_dir = tmp_path / "run"
+    sets = ("training.checkpoint_policy=interval", "training.checkpoint_epochs=[2]")
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets), quiet=True) == 0
+    assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-002.pt", "epoch-002.safetensors"]
+    assert checkpoint.load_state(run_dir / "epoch-002.pt")["progress"]["epochs_done"] == 2
+    best = read_json(run_dir / "best.json")
+    assert best["weights"] == ("epoch-002.safetensors" if best["epoch"] == 2 else None)
