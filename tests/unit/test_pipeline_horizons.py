@@ -7,6 +7,7 @@ import yaml
 from pipeline_helpers import plan_of, shipped, tiny
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline import PREPARE_RECIPE
 
 STUDY = {
     "size": "tiny",
@@ -34,6 +35,10 @@ def test_trunk_stops_at_the_longest_decay_start_and_keeps_each_shorter_one() -> 
     assert trunk["training"]["tokens_per_parameter"] == 0.2 and trunk["runtime"]["seed"] == 43
     assert trunk["runtime"]["output_dir"] == "results/horizons/seed43/trunk"
     assert plan.targets("horizons") == plan.default_targets("horizons")
+    # the cache holds every block of the loader-v2 groups of the longest horizon (tiny: one 65,536-token shard
+    # per group), and one token of the next shard
+    assert max(h.cache_needs()) == 65_536 + 1
+    assert plan.files.content(PREPARE_RECIPE)["data"]["prepare_train_tokens"] >= 65_536 + 1
 
 
 @pytest.mark.parametrize(
