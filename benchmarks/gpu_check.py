@@ -744,7 +744,9 @@ class Plan:
             first = results[0]
             status_json = read_json(run_dir / "status.json") or {}
             result = read_json(run_dir / "result.json") or {}
-            env = read_json(run_dir / "environment.json") or {}
+            # the resumed session's environment (environment.json is the first session's)
+            env = read_json(run_dir / "environment-resume.json") or read_json(run_dir / "environment.json")
+            env = env or {}
             evaluated = read_json(eval_json) or {}
             copy_run_files(run_dir, self.out / "train-resume")
             if eval_json.exists():
@@ -953,6 +955,7 @@ def copy_run_files(run_dir: Path, dest: Path) -> None:
         "status.json",
         "result.json",
         "environment.json",
+        "environment-resume.json",
         "resolved.yaml",
         "metrics.jsonl",
         "run.log",

@@ -5,11 +5,12 @@ engine (``tiny_llm.train.engine.ModelEngine``) and the packed one
 (``tiny_llm.packed.engine.PackedEngine``) both implement ``Engine``; which one a recipe
 gets is decided by ``tiny_llm.runner.build_engine``.
 
-Two optional methods add to what a run records; the training loop uses them where an engine has
+Three optional methods add to what a run records; the training loop uses them where an engine has
 them: ``attention_kernels() -> list[str]``, the attention operators its update dispatches, for
-environment.json (without it the loop probes ``eval_model()``), and ``result_fields(tokens) -> dict``,
-extra result.json fields given the run's tokens (the packed engine: num_models, tokens_per_model,
-topology, scheme).
+environment.json (without it the loop probes ``eval_model()``), ``result_fields(tokens) -> dict``,
+extra result.json fields given the run's tokens (the packed engine: num_models, total_parameters,
+tokens_per_model, topology, scheme), and ``row_fields(tokens) -> dict``, cumulative fields of a train row
+given the run's tokens so far (the packed engine: tokens_per_model).
 """
 
 from __future__ import annotations
