@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_llm.runner import run_training
 from train_helpers import small_recipe
 
 from tiny_llm.config import load_recipe, recipe_identity
 from tiny_llm.data.cache import open_cache
+from tiny_llm.engines import run_training
 from tiny_llm.errors import ConfigError
 from tiny_llm.train.tracking import TRACKING_ENV, Tracker, run_name_and_group, tracking_settings
 
