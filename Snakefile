@@ -70,6 +70,7 @@ include: "rules/campaign.smk"
 include: "rules/packed.smk"
 include: "rules/export.smk"
 include: "rules/analysis.smk"
+include: "rules/horizons.smk"
 
 
 rule all:
@@ -111,6 +112,11 @@ rule export:
 rule analysis:
     input:
         PLAN.targets("analysis"),
+
+
+rule horizons:
+    input:
+        PLAN.targets("horizons"),
 
 
 onstart:

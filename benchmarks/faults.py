@@ -50,6 +50,7 @@ KINDS = ("kill_job", "sigterm_controller", "sigint_controller", "kill_controller
 TIMING_KEYS = {
     "tokens_per_second",
     "training_seconds",
+    "cumulative_training_seconds",
     "elapsed_tokens_per_second",
     "peak_memory_bytes",
     "evaluation_peak_memory_bytes",

@@ -58,6 +58,7 @@ RUN_FILES = (
     "status.json",
     "result.json",
     "environment.json",
+    "environment-resume.json",
     "resolved.yaml",
     "metrics.jsonl",
     "run.log",
@@ -511,7 +512,9 @@ def check_train_resume(
     first = results[0]
     status_json = read_json(run_dir / "status.json") or {}
     result = read_json(run_dir / "result.json") or {}
-    environment = read_json(run_dir / "environment.json") or {}
+    # the resumed session's environment (environment.json is the first session's)
+    environment = read_json(run_dir / "environment-resume.json") or read_json(run_dir / "environment.json")
+    environment = environment or {}
     evaluated = read_json(eval_json) or {}
     copy_run_files(run_dir, s.out / "train-resume")
     if eval_json.exists():

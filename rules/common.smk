@@ -25,6 +25,13 @@ from tiny_llm.pipeline.layout import (
     EXPORTS_MODELS,
     EXPORTS_SAMPLES,
     EXPORTS_TABLE,
+    HORIZONS_BRANCH_RECIPE,
+    HORIZONS_BRANCH_RESULT,
+    HORIZONS_PLOT,
+    HORIZONS_SUMMARY,
+    HORIZONS_TABLE,
+    HORIZONS_TRUNK_RECIPE,
+    HORIZONS_TRUNK_STOPPED,
     PACKED_BENCH_PLOT,
     PACKED_BENCH_RECIPE,
     PACKED_BENCH_RESULT,
@@ -187,3 +194,15 @@ def analysis_jobs(wildcards) -> list[str]:
 
 def analysis_metrics(wildcards) -> str:
     return PLAN.analysis.run(wildcards.analysed_run).metrics_flag
+
+
+# ----------------------------------------------------------------------------- horizons
+
+
+def horizon_branch_state(wildcards) -> str:
+    return or_exit(PLAN.horizons.branch_state, int(wildcards.horizon_seed), wildcards.horizon)
+
+
+def input_parents(wildcards, input) -> str:
+    """The directories of a rule's inputs (run directories, from their result.json)."""
+    return " ".join(str(Path(path).parent) for path in input)

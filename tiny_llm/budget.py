@@ -57,6 +57,8 @@ class Budget:
     """Cumulative block index at the end of each epoch; the last is the total."""
     data_passes: int = 1
     """Passes over the unique blocks (training.data_passes)."""
+    group_tokens: int | None = None
+    """Loader v2: tokens of one shuffle group (data.shuffle_group_size x data.shard_tokens); None = v1."""
 
     @property
     def num_blocks(self) -> int:
@@ -77,8 +79,19 @@ class Budget:
         return -(-self.num_blocks // self.data_passes)
 
     @property
+    def read_blocks(self) -> int:
+        """Blocks at the start of the cache that the run's samples come from (loader v2: every block of the
+        groups it touches, though it trains on num_blocks of them)."""
+        if self.group_tokens is not None:
+            return (self.cache_tokens_needed - 1) // self.context_length
+        return self.unique_blocks
+
+    @property
     def cache_tokens_needed(self) -> int:
-        """Train tokens the cache must hold: every unique target plus the first input token."""
+        """Train tokens the cache must hold: every unique target plus the first input token (loader v2:
+        every block of the groups the run touches, see `loader_v2_tokens_needed`)."""
+        if self.group_tokens is not None:
+            return loader_v2_tokens_needed(self.num_blocks, self.context_length, self.group_tokens)
         return self.unique_blocks * self.context_length + 1
 
     def epoch_updates(self, epoch: int) -> list[int]:
@@ -103,6 +116,14 @@ class Budget:
         return out
 
 
+def loader_v2_tokens_needed(num_blocks: int, context_length: int, group_tokens: int) -> int:
+    """Train tokens a v2 run of ``num_blocks`` needs: every block of the groups it touches, the last
+    block's final target, and one token of the next shard (which marks the group complete)."""
+    L = context_length
+    end = ((num_blocks - 1) * L // group_tokens + 1) * group_tokens  # smallest group end past the last block
+    return max(-(-end // L) * L + 1, end + 1)
+
+
 def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
     """Budget of ``recipe``; packed runs count one model's parameters and keep epochs multiples of N."""
     model, training = recipe.model, recipe.training
@@ -124,7 +145,19 @@ def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
         blocks_per_update=training.batch_tokens // L,
         epoch_boundaries=boundaries,
         data_passes=training.data_passes,
+        group_tokens=recipe.data.shuffle_group_size
+        and recipe.data.shuffle_group_size * recipe.data.shard_tokens,
     )
+
+
+def kept_epochs(recipe: RecipeConfig) -> list[int]:
+    """1-based epochs whose epoch-NNN files a run writes: training.checkpoint_epochs (those within the run),
+    else every epoch under policy all, else none."""
+    num_epochs = make_budget(recipe).num_epochs
+    chosen = recipe.training.checkpoint_epochs
+    if chosen is not None and recipe.training.checkpoint_policy in ("interval", "all"):
+        return sorted(e for e in chosen if e <= num_epochs)
+    return list(range(1, num_epochs + 1)) if recipe.training.checkpoint_policy == "all" else []
 
 
 def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
@@ -141,16 +174,26 @@ def packed_epoch_problems(recipe: RecipeConfig) -> list[str]:
     ]
 
 
-def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:
+def warmup_tokens(total_tokens: float, opt: OptimizerConfig, batch_tokens: int | None) -> float:
+    """Targets of the linear warm-up: warmup_steps full updates, else warmup_fraction of the total."""
+    if opt.warmup_steps is None:
+        return opt.warmup_fraction * total_tokens
+    if batch_tokens is None:
+        raise ValueError("the warm-up needs batch_tokens when optimizer.warmup_steps is set")
+    return float(opt.warmup_steps * batch_tokens)
+
+
+def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig, batch_tokens: int | None = None) -> float:
     """Learning rate after ``tokens`` targets (evaluate at an update's end token).
 
-    Linear warmup over warmup_fraction of the tokens, then either cosine down to
+    Linear warmup over warmup_fraction of the tokens (or warmup_steps x ``batch_tokens``, the first
+    warmup_steps full updates, whatever the total), then either cosine down to
     min_lr_ratio x peak, or (wsd, as the reference) the peak held until the last
     decay_fraction of the tokens and peak x (1 - sqrt(q)) down to 0 over it, q
     the progress through that decay (0 -> 1). min_lr_ratio is cosine's only.
     """
     peak = opt.lr
-    warmup = opt.warmup_fraction * total_tokens
+    warmup = warmup_tokens(total_tokens, opt, batch_tokens)
     if tokens < warmup:
         return peak * tokens / warmup
     if opt.lr_schedule == "wsd":
@@ -162,6 +205,28 @@ def lr_at(tokens: float, total_tokens: float, opt: OptimizerConfig) -> float:
     floor = peak * opt.min_lr_ratio
     q = min(1.0, (tokens - warmup) / max(total_tokens - warmup, 1e-12))
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+def step_lrs(recipe: RecipeConfig) -> list[float]:
+    """The LR of every update, evaluated at the update's end token (as the trainer does)."""
+    budget = make_budget(recipe)
+    batch, length = recipe.training.batch_tokens, budget.context_length
+    return [
+        lr_at((start + n) * length, budget.tokens, recipe.optimizer, batch)
+        for _, start, n in budget.update_schedule()
+    ]
+
+
+def stable_updates(recipe: RecipeConfig) -> int:
+    """Updates before a WSD run's decay: those ending at or before its decay start, which every longer
+    horizon with the same warm-up in steps trains identically. The whole run for cosine."""
+    budget, opt = make_budget(recipe), recipe.optimizer
+    if opt.lr_schedule != "wsd":
+        return budget.num_updates
+    warmup = warmup_tokens(budget.tokens, opt, recipe.training.batch_tokens)
+    decay_start = max(warmup, budget.tokens * (1.0 - opt.decay_fraction))
+    L = budget.context_length
+    return sum(1 for _, start, n in budget.update_schedule() if (start + n) * L <= decay_start)
 
 
 def describe(recipe: RecipeConfig) -> dict[str, int | float]:

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("tiny_llm.commands.export", "a checkpoint as a Hugging Face model directory"),
     "generate": ("tiny_llm.commands.generate", "continue a prompt with a checkpoint (KV cache)"),
     "samples": ("tiny_llm.commands.samples", "tables of exported models and their samples (report)"),
+    "horizons-report": ("tiny_llm.commands.horizons_report", "loss against horizon of a WSD horizon study"),
 }
 
 

@@ -84,6 +84,9 @@ class DataConfig:
     """Size of one contiguous loader read (and prefetch unit)."""
     prefetch: bool = True
     """Read the next loader range in a background thread."""
+    shuffle_group_size: int | None = field(default=None, metadata={"late": True})
+    """Loader v2: shuffle groups of this many physical shards, visited in file order, so a shorter run's
+    samples are a prefix of a longer run's; null = loader v1 (ranges of buffer_size_mib in seeded order)."""
     prepare_train_tokens: int | None = None
     """Train tokens to cache; null = what the training budget needs (+1)."""
     prepare_validation_tokens: int | None = None
@@ -111,6 +114,9 @@ class OptimizerConfig:
     """cosine decay, or warmup-stable-decay."""
     decay_fraction: float = field(default=0.1, metadata={"late": True})
     """wsd only: decay peak x (1 - sqrt(q)) to 0 over this last fraction of tokens."""
+    warmup_steps: int | None = field(default=None, metadata={"late": True})
+    """Linear warmup over this many full updates (warmup_steps x batch_tokens targets), independent of the
+    total; exclusive with warmup_fraction (set it to 0). null = warmup_fraction."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +135,9 @@ class TrainingConfig:
     """final | none | interval (rolling latest.pt) | all (interval + per-epoch files)."""
     checkpoint_every: int = 500
     """Updates between rolling checkpoints (interval/all)."""
+    checkpoint_epochs: list[int] | None = None
+    """Epochs (1-based) whose epoch-NNN.safetensors/.pt files are kept (policy interval or all); null = every
+    epoch under policy all, none otherwise."""
     log_every: int = 20
     """Updates between train metric rows."""
     data_passes: int = field(default=1, metadata={"late": True})
@@ -241,6 +250,7 @@ EXECUTION_ONLY_FIELDS = frozenset(
     {
         "training.checkpoint_policy",
         "training.checkpoint_every",
+        "training.checkpoint_epochs",
         "runtime.output_dir",
         "runtime.device",
         "runtime.cpu_threads",
@@ -382,6 +392,12 @@ def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
         if value not in choices or isinstance(value, bool):
             problems.append(f"{key}: expected one of {', '.join(map(str, choices))}, got {_describe(value)}")
         return value
+    if origin is list:
+        if not isinstance(value, list):
+            problems.append(f"{key}: expected a list, got {_describe(value)}")
+            return value
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v, f"{key}[{i}]", problems) for i, v in enumerate(value)]
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, {} if value is None else value, f"{key}.", problems)
     if hint is bool:
@@ -467,6 +483,21 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
     }.items():
         if not 0 <= value <= 1:
             problems.append(f"{key}: must be in [0, 1], got {value}")
+    if o.warmup_steps is not None and o.warmup_steps < 0:
+        problems.append(f"optimizer.warmup_steps: must be >= 0 or null, got {o.warmup_steps}")
+    elif o.warmup_steps is not None and o.warmup_fraction != 0:
+        problems.append(
+            "optimizer.warmup_steps: exclusive with optimizer.warmup_fraction; set warmup_fraction to 0"
+        )
+    if t.checkpoint_epochs is not None:
+        if t.checkpoint_policy not in ("interval", "all"):
+            problems.append("training.checkpoint_epochs: needs training.checkpoint_policy interval or all")
+        elif any(e < 1 for e in t.checkpoint_epochs) or len(set(t.checkpoint_epochs)) < len(
+            t.checkpoint_epochs
+        ):
+            problems.append(
+                f"training.checkpoint_epochs: need distinct epochs >= 1, got {t.checkpoint_epochs}"
+            )
     if o.weight_decay < 0:
         problems.append(f"optimizer.weight_decay: must be >= 0, got {o.weight_decay}")
     if o.grad_clip is not None and o.grad_clip <= 0:
@@ -490,6 +521,13 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         problems.append(
             f"training.micro_batch_size: {t.micro_batch_size} sequences exceed the "
             f"{t.batch_tokens // m.context_length} sequences of one update (training.batch_tokens)"
+        )
+    group = recipe.data.shuffle_group_size
+    if group is not None and group < 1:
+        problems.append(f"data.shuffle_group_size: must be >= 1 or null, got {group}")
+    elif group is not None and t.data_passes > 1:
+        problems.append(
+            "data.shuffle_group_size: loader v2 reads every block once; set training.data_passes 1"
         )
     if t.epoch_tokens_per_parameter > t.tokens_per_parameter:
         problems.append("training.epoch_tokens_per_parameter: larger than training.tokens_per_parameter")
@@ -529,8 +567,10 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
             f"decentralized.topology: one_peer_ring needs an even num_models, got {dec.num_models}"
         )
     ac = dec.adaptive_consensus
-    if ac is not None and not (0 <= ac.start_frac <= 1 and ac.p > 0):
-        problems.append("decentralized.adaptive_consensus: needs 0 <= start_frac <= 1 and p > 0")
+    if ac is not None and not (0 <= ac.start_frac <= 1 and ac.p >= 0):
+        problems.append(
+            "decentralized.adaptive_consensus: needs 0 <= start_frac <= 1 and p >= 0 (0: gamma = 1)"
+        )
     if not problems:
         problems += packed_epoch_problems(recipe)
     return problems

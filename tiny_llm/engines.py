@@ -26,9 +26,15 @@ def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
     return ModelEngine(recipe, device)
 
 
-def run_training(recipe: RecipeConfig, resume: str | None = None, quiet: bool = False) -> int:
-    """Train ``recipe`` into runtime.output_dir (exit codes: ``tiny_llm.train.loop``)."""
-    return loop.run_training(recipe, build_engine, resume=resume, quiet=quiet)
+def run_training(
+    recipe: RecipeConfig,
+    resume: str | None = None,
+    quiet: bool = False,
+    plan: loop.Continuation | None = None,
+) -> int:
+    """Train ``recipe`` into runtime.output_dir (exit codes: ``tiny_llm.train.loop``; ``plan``: a trunk's
+    stop and kept states, or a branch's starting state)."""
+    return loop.run_training(recipe, build_engine, resume=resume, quiet=quiet, plan=plan)
 
 
 def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:

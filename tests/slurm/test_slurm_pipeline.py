@@ -194,8 +194,10 @@ def test_rerun_resumes_and_finishes_the_pipeline_through_slurm(interrupted: Inte
         assert job.log.is_file(), f"no Slurm log for {job}"
         assert f"rule {job.rule}" in job.log.read_text(encoding="utf-8"), job.log
 
-    # the trainer ran inside the allocation and used the CPUs Slurm gave it (--cpus-per-task = rule threads)
-    environment = read_json(root / RUN_DIR / "environment.json")
+    # the trainer ran inside the allocation and used the CPUs Slurm gave it (--cpus-per-task = rule threads);
+    # the resumed session describes itself in environment-resume.json (environment.json: the first session's)
+    assert (root / RUN_DIR / "environment.json").is_file()
+    environment = read_json(root / RUN_DIR / "environment-resume.json")
     assert environment["slurm"]["SLURM_JOB_ID"] == jobs[0].slurm_id
     assert environment["slurm"]["SLURM_CPUS_PER_TASK"] == "1"
     assert environment["threads"] == 1

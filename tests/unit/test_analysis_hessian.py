@@ -155,7 +155,9 @@ def test_rademacher_estimator_recovers_the_trace_of_a_known_quadratic() -> None:
     result = curvature_pass(quadratic_loss, flat, [torch.zeros(1)], 1, directions)
     rows = [{"quadratic": q} for q in result.quadratics]
     noise = [{"quadratic": 1.0, "noise_norm_squared": 1.0, "gradient_norm": 1.0}]
-    estimate = summarize(noise, rows, [], dimension=dimension, full_gradient_norm=0.0)["isotropic_alignment"]
+    estimate = summarize(noise, rows, [], dimension=dimension, mean_gradient_norm=0.0)[
+        "normalized_random_alignment"
+    ]
     exact = float(torch.trace(a)) / dimension
     off_diagonal = float((a**2).sum() - (torch.diagonal(a) ** 2).sum())
     sigma = math.sqrt(2 * off_diagonal / num_random) / dimension  # the estimator's standard deviation
@@ -164,8 +166,8 @@ def test_rademacher_estimator_recovers_the_trace_of_a_known_quadratic() -> None:
     assert result.quadratics[0] == pytest.approx(float(r @ a @ r), rel=1e-12)
     diagonal = torch.diag(torch.diagonal(a))  # with no off-diagonal part every direction gives the trace
     exact_rows = [{"quadratic": float(r @ diagonal @ r)} for r in directions[:3]]
-    exact_estimate = summarize(noise, exact_rows, [], dimension=dimension, full_gradient_norm=0.0)
-    assert exact_estimate["isotropic_alignment"] == pytest.approx(exact, rel=1e-12)
+    exact_estimate = summarize(noise, exact_rows, [], dimension=dimension, mean_gradient_norm=0.0)
+    assert exact_estimate["normalized_random_alignment"] == pytest.approx(exact, rel=1e-12)
 
 
 def test_statistics_follow_their_definitions() -> None:
@@ -175,18 +177,18 @@ def test_statistics_follow_their_definitions() -> None:
     ]
     random = [{"quadratic": 10.0}, {"quadratic": 30.0}]
     consensus = [{"quadratic": 1.0, "norm_squared": 9.0}, {"quadratic": 3.0, "norm_squared": 16.0}]
-    stats = summarize(noise, random, consensus, dimension=10, full_gradient_norm=0.5)
+    stats = summarize(noise, random, consensus, dimension=10, mean_gradient_norm=0.5)
     assert stats["noise_alignment"] == 0.5
     assert stats["normalized_noise_alignment"] == pytest.approx(1.0 / 5.0)
-    assert stats["mean_noise_norm"] == pytest.approx(1.5)
-    assert stats["mean_gradient_norm"] == 4.0
-    assert stats["full_gradient_norm"] == 0.5
-    assert stats["isotropic_alignment"] == pytest.approx(2.0)
+    assert stats["average_noise_norm"] == pytest.approx(1.5)
+    assert stats["average_batch_gradient_norm"] == 4.0
+    assert stats["mean_gradient_norm"] == 0.5
+    assert stats["normalized_random_alignment"] == pytest.approx(2.0)
     assert stats["alignment_ratio"] == pytest.approx(0.1)
     assert stats["consensus_alignment"] == 2.0
     assert stats["normalized_consensus_alignment"] == pytest.approx(4.0 / 25.0)
-    assert stats["mean_consensus_norm"] == pytest.approx(3.5)
-    without = summarize(noise, [], [], dimension=10, full_gradient_norm=0.5)
-    assert without["isotropic_alignment"] is None and without["alignment_ratio"] is None
+    assert stats["average_consensus_norm"] == pytest.approx(3.5)
+    without = summarize(noise, [], [], dimension=10, mean_gradient_norm=0.5)
+    assert without["normalized_random_alignment"] is None and without["alignment_ratio"] is None
     assert "consensus_alignment" not in without
     assert norm_squared(torch.tensor([3.0, 4.0])) == 25.0

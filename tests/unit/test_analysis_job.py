@@ -194,7 +194,7 @@ def test_job_writes_samples_manifest_and_result_and_reuses_it(trained: TrainedRu
     stats = result["statistics"]
     assert (stats["noise_samples"], stats["random_samples"]) == (3, 2)
     assert stats["dimension"] == make_budget(trained.recipe).parameters
-    assert stats["normalized_noise_alignment"] > 0 and stats["isotropic_alignment"] > 0
+    assert stats["normalized_noise_alignment"] > 0 and stats["normalized_random_alignment"] > 0
     assert result["checkpoint"]["name"] == "epoch-002" and result["checkpoint"]["step"] == 22
     assert sorted(samples(output)) == [
         *(f"noise-{i:04d}.json" for i in sorted(r["batch"]["index"] for r in _rows(output, "noise"))),
@@ -215,6 +215,13 @@ def test_job_writes_samples_manifest_and_result_and_reuses_it(trained: TrainedRu
         run_analysis(trained.run_dir, "epoch-002", output, changed, log=lambda _: None)
     with pytest.raises(RunStateError, match="checkpoint: 'epoch-002' -> 'epoch-003'"):
         run_analysis(trained.run_dir, "epoch-003", output, settings, log=lambda _: None)
+    # the matmul precision is recorded beside the device and torch version, and a resume may not change it
+    assert all(r["matmul_precision"] == "ieee" and r["device"] == "cpu" for r in _rows(output, "noise"))
+    assert manifest["matmul_precision"] == result["matmul_precision"] == "ieee" and "torch" in manifest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tiny_llm.analysis.job.matmul_precision", lambda recipe, settings: "tf32")
+        with pytest.raises(RunStateError, match="matmul_precision: 'ieee' -> 'tf32'"):
+            run_analysis(trained.run_dir, "epoch-002", output, settings, log=lambda _: None)
     # the same job after the run was trained again (other weights under the same name): it starts over
     manifest = json.loads((output / "manifest.json").read_text())
     manifest["identity_payload"]["inputs"]["weights_hash"] = "0" * 64
@@ -245,7 +252,7 @@ def test_noise_directions_are_batch_gradients_minus_the_epoch_mean(
     assert len(noise) == result["data"]["num_batches"] == result["statistics"]["noise_samples"]
     # with every (equal-size) batch, the mean of the batch gradients is the epoch gradient: sum v = 0, so
     # sum |g|^2 / S = |mean|^2 + sum |v|^2 / S
-    mean_sq = result["statistics"]["full_gradient_norm"] ** 2
+    mean_sq = result["statistics"]["mean_gradient_norm"] ** 2
     g_sq = sum(r["gradient_norm"] ** 2 for r in noise) / len(noise)
     v_sq = sum(r["noise_norm_squared"] for r in noise) / len(noise)
     assert g_sq == pytest.approx(mean_sq + v_sq, rel=1e-4)
@@ -369,7 +376,7 @@ def test_packed_runs_measure_each_workers_consensus_error(packed_run: Path, tmp_
     settings = AnalysisConfig(case="seen", noise_samples=2, random_samples=1, directions_per_pass=8)
     result = run_analysis(packed_run, "epoch-001", tmp_path / "pt", settings, log=lambda _: None)
     stats = result["statistics"]
-    assert stats["consensus_workers"] == 4 and stats["mean_consensus_norm"] > 0
+    assert stats["consensus_workers"] == 4 and stats["average_consensus_norm"] > 0
     assert result["data"]["num_batches"] == 4 * len(make_budget(_recipe(packed_run)).epoch_updates(0))
     assert {r["batch"]["worker"] for r in _rows(tmp_path / "pt", "noise")} <= {0, 1, 2, 3}
     assert max(result["data"]["batch_blocks"]) == 4  # a worker's share of a 16-block update

@@ -40,6 +40,8 @@ def test_tag_names_the_measured_settings_but_the_case() -> None:
     assert AnalysisConfig(case="seen").tag() == "s32-r32-seed42"
     unusual = AnalysisConfig(case="unseen", noise_samples="all", dtype="float64", consensus=False, seed=1)
     assert unusual.tag() == "sall-r32-seed1-fp64-noconsensus"
+    assert AnalysisConfig(case="seen", tf32=False).tag() == "s32-r32-seed42-notf32"
+    assert "--no-tf32" in AnalysisConfig(case="seen", tf32=False).flags()
     assert (
         AnalysisConfig(case="seen", amp=True, directions_per_pass=1, threads=2).tag() == "s32-r32-seed42-amp"
     )
@@ -47,21 +49,22 @@ def test_tag_names_the_measured_settings_but_the_case() -> None:
 
 def test_identity_follows_measured_settings_only() -> None:
     inputs = {"checkpoint": "final", "weights_hash": "abc"}
-    base = analysis_identity(inputs, AnalysisConfig(case="seen"))["identity"]
+    base = analysis_identity(inputs, AnalysisConfig(case="seen"), "tf32")["identity"]
     faster = AnalysisConfig(case="seen", hvp_batch_size=2, directions_per_pass=1, device="cpu", threads=1)
-    assert analysis_identity(inputs, faster)["identity"] == base
+    assert analysis_identity(inputs, faster, "tf32")["identity"] == base
+    assert analysis_identity(inputs, faster, "ieee")["identity"] != base  # another matmul precision
     for changed in (
         {"case": "unseen"},
         {"noise_samples": 8},
         {"seed": 1},
         {"amp": True},
         {"consensus": False},
+        {"tf32": False},
     ):
         other = dataclasses.replace(AnalysisConfig(case="seen"), **changed)
-        assert analysis_identity(inputs, other)["identity"] != base
-    assert (
-        analysis_identity({**inputs, "weights_hash": "abd"}, AnalysisConfig(case="seen"))["identity"] != base
-    )
+        assert analysis_identity(inputs, other, "tf32")["identity"] != base
+    changed_weights = {**inputs, "weights_hash": "abd"}
+    assert analysis_identity(changed_weights, AnalysisConfig(case="seen"), "tf32")["identity"] != base
 
 
 def test_bad_settings_are_one_line_errors_naming_the_flags() -> None:

@@ -23,10 +23,10 @@ def fake_result(root: Path, run: str, checkpoint: str, step: int, case: str, *, 
         "dimension": 1000,
         "noise_alignment": 0.5 * scale,
         "normalized_noise_alignment": 2.0 * scale * (1.2 if case == "unseen" else 1.0),
-        "mean_noise_norm": 0.3 * scale,
-        "mean_gradient_norm": 0.4 * scale,
-        "full_gradient_norm": 0.1 * scale,
-        "isotropic_alignment": 0.01,
+        "average_noise_norm": 0.3 * scale,
+        "average_batch_gradient_norm": 0.4 * scale,
+        "mean_gradient_norm": 0.1 * scale,
+        "normalized_random_alignment": 0.01,
         "alignment_ratio": 200.0 * scale,
     }
     if packed:
@@ -34,11 +34,11 @@ def fake_result(root: Path, run: str, checkpoint: str, step: int, case: str, *, 
             consensus_workers=4,
             consensus_alignment=0.2 * scale,
             normalized_consensus_alignment=-0.5 if step == 10 else 0.5 * scale,
-            mean_consensus_norm=0.05,
+            average_consensus_norm=0.05,
         )
     result = {
         "format": "tiny-llm-analysis",
-        "version": 1,
+        "version": 2,
         "identity": f"{run}-{checkpoint}-{case}",
         "run": f"results/runs/{run}",
         "checkpoint": {

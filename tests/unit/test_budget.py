@@ -8,6 +8,7 @@ import pytest
 
 from tiny_llm.budget import lr_at, make_budget, parameter_count
 from tiny_llm.config import load_recipe
+from tiny_llm.errors import ConfigError
 
 PRESET_PARAMETERS = {"20m": 20_403_520, "50m": 48_507_392, "90m": 91_605_120}
 
@@ -97,3 +98,73 @@ def test_data_passes_shrink_the_cache_need_not_the_budget() -> None:
     assert thrice.tokens == once.tokens and thrice.update_schedule() == once.update_schedule()
     assert (once.unique_blocks, thrice.unique_blocks) == (207, 69)  # ceil(207 / 3)
     assert thrice.cache_tokens_needed == 69 * 64 + 1 and once.cache_tokens_needed == once.tokens + 1
+
+
+def test_warmup_steps_warm_up_over_full_updates_whatever_the_total() -> None:
+    steps = ["optimizer.warmup_fraction=0", "optimizer.warmup_steps=4", "optimizer.lr_schedule=wsd"]
+    opt = load_recipe(["tiny"], steps).optimizer
+    for total in (10_000.0, 1_000_000.0):
+        assert lr_at(0, total, opt, batch_tokens=100) == 0.0
+        assert lr_at(100, total, opt, batch_tokens=100) == pytest.approx(opt.lr / 4)  # after update 1 of 4
+        assert lr_at(400, total, opt, batch_tokens=100) == opt.lr
+    with pytest.raises(ValueError, match="needs batch_tokens"):
+        lr_at(100, 1000.0, opt)
+
+
+def test_gen_a_epochs_before_the_total_do_not_depend_on_it() -> None:
+    """The horizon prefix property under today's budget rule (short updates at epoch ends): a shorter
+    horizon's epochs and updates are a prefix of a longer one's, so the Gen B+ rule is not needed for it."""
+
+    def budget(horizon: float, *extra: str):
+        sets = [
+            f"training.tokens_per_parameter={horizon}",
+            "training.epoch_tokens_per_parameter=0.03",
+            *extra,
+        ]
+        return make_budget(load_recipe(["tiny"], sets))
+
+    for extra in ((), ("decentralized={num_models: 2}", "training.micro_batch_size=8")):
+        longest = budget(0.42, *extra)
+        for horizon in (0.12, 0.24, 0.3):  # whole epochs: everything is a prefix
+            short = budget(horizon, *extra)
+            assert short.epoch_boundaries == longest.epoch_boundaries[: short.num_epochs]
+            assert short.update_schedule() == longest.update_schedule()[: short.num_updates]
+            assert any(n < short.blocks_per_update for _, _, n in short.update_schedule())  # short updates
+        partial = budget(0.1, *extra)  # a last, partial epoch: every earlier one is still shared
+        assert partial.epoch_boundaries[:-1] == longest.epoch_boundaries[: partial.num_epochs - 1]
+        assert partial.epoch_boundaries[-1] < longest.epoch_boundaries[partial.num_epochs - 1]
+
+
+def test_kept_epochs_and_the_checkpoints_an_analysis_can_name() -> None:
+    from tiny_llm.analysis.names import saved_checkpoints
+    from tiny_llm.budget import kept_epochs
+
+    sets = ["training.tokens_per_parameter=0.1", "training.epoch_tokens_per_parameter=0.04"]  # 3 epochs
+    every = load_recipe(["tiny"], [*sets, "training.checkpoint_policy=all"])
+    assert kept_epochs(every) == [1, 2, 3] and kept_epochs(load_recipe(["tiny"], sets)) == []
+    chosen = load_recipe(
+        ["tiny"], [*sets, "training.checkpoint_policy=interval", "training.checkpoint_epochs=[2, 9]"]
+    )
+    assert kept_epochs(chosen) == [2]
+    assert saved_checkpoints(chosen) == ["epoch-002", "final"]
+    with pytest.raises(ConfigError, match="training.checkpoint_epochs: needs training.checkpoint_policy"):
+        load_recipe(["tiny"], [*sets, "training.checkpoint_epochs=[1]"])
+    with pytest.raises(ConfigError, match="optimizer.warmup_steps: exclusive with optimizer.warmup_fraction"):
+        load_recipe(["tiny"], ["optimizer.warmup_steps=3"])
+
+
+def test_loader_v2_reads_whole_groups_and_the_unseen_case_starts_after_them() -> None:
+    from tiny_llm.analysis.names import unseen_range
+
+    # tiny: 0.1 x P = 207 blocks of 64; groups of 2 shards of 4,096 tokens = 128 blocks each
+    sets = [
+        "training.tokens_per_parameter=0.1",
+        "training.epoch_tokens_per_parameter=0.05",
+        "data.shard_tokens=4096",
+    ]
+    v1 = make_budget(load_recipe(["tiny"], sets))
+    v2 = make_budget(load_recipe(["tiny"], [*sets, "data.shuffle_group_size=2"]))
+    assert v2.update_schedule() == v1.update_schedule()  # the budget itself does not change
+    assert v1.cache_tokens_needed == 207 * 64 + 1 and v1.read_blocks == 207
+    assert v2.cache_tokens_needed == 2 * 8192 + 1 and v2.read_blocks == 256  # both groups, one token more
+    assert unseen_range(load_recipe(["tiny"], [*sets, "data.shuffle_group_size=2"]))[0] == 256

@@ -303,6 +303,18 @@ def test_plan_without_a_prepared_cache_says_so(tmp_path, capsys):
     assert "token cache not prepared" in capsys.readouterr().err
 
 
+def test_plan_needs_the_complete_validation_split_unless_truncated_on_purpose(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    manifest = {"identity": "cache-abc", "validation_complete": False}
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli("campaign", "plan", "--settings", settings_arg(config)) == 2
+    err = capsys.readouterr().err
+    assert "holds only part of the validation split" in err and len(err.strip().splitlines()) == 1
+    truncated = tiny_config(tmp_path, overrides={"data": {"prepare_validation_tokens": 4096}})
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli("campaign", "plan", "--settings", settings_arg(truncated)) == 0
+
+
 def test_estimate_without_a_cache_uses_reference_throughput(capsys):
     """The cluster campaign's estimate from the reference GH200 tokens/s, before C4 is prepared."""
     settings = json.dumps(campaign.settings_dict(cluster()))

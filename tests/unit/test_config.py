@@ -184,3 +184,14 @@ def test_recipe_commands_list_the_presets_in_their_help(capsys) -> None:
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert all(name in text for name in preset_names())
+
+
+def test_shuffle_group_size_selects_loader_v2_and_enters_the_identity_only_when_set() -> None:
+    base = recipe_identity_payload(load_recipe(["tiny"]))
+    assert "shuffle_group_size" not in base["data"]  # v1 recipes keep their identities
+    v2 = load_recipe(["tiny"], ["data.shuffle_group_size=2"])
+    assert identity_differences(base, recipe_identity_payload(v2)) == ["data.shuffle_group_size: None -> 2"]
+    with pytest.raises(ConfigError, match="data.shuffle_group_size: must be >= 1"):
+        load_recipe(["tiny"], ["data.shuffle_group_size=0"])
+    with pytest.raises(ConfigError, match="data.shuffle_group_size: loader v2 reads every block once"):
+        load_recipe(["tiny"], ["data.shuffle_group_size=2", "training.data_passes=2"])

@@ -180,3 +180,53 @@ def test_blocks_cross_shards_and_documents_in_a_prepared_cache(tiny_cache: Path)
     assert any(np.array_equal(row, expected[crossing]) for row in blocks)
     eos = cache.eos_token_id
     assert any(eos in row[1:-1] for row in blocks)  # documents are not aligned to blocks
+
+
+# ----------------------------------------------------------------------------- loader v2 (shuffle groups)
+
+
+def v2_loader(cache, num_blocks: int, seed: int = 7, group: int = 2) -> TrainLoader:
+    return TrainLoader(cache, L, num_blocks, seed, shuffle_group_size=group)
+
+
+def test_v2_visits_groups_of_shards_in_file_order_each_in_its_seeded_permutation(counting_cache):
+    """Shards of 100 tokens, groups of two: group g holds the blocks starting in [200g, 200g+200)."""
+    blocks = read_all(v2_loader(counting_cache, 50), [50])
+    starts = (blocks[:, 0] // L).tolist()
+    first, second = starts[:25], starts[25:]
+    assert sorted(first) == list(range(25)) and sorted(second) == list(range(25, 50))
+    for g, rows in enumerate((first, second)):
+        expected = np.random.default_rng([7, 1, g]).permutation(25)
+        assert [r - 25 * g for r in rows] == expected.tolist()
+
+
+def test_v2_shorter_run_is_an_exact_prefix_and_a_branch_resumes_a_longer_runs_state(counting_cache):
+    long = read_all(v2_loader(counting_cache, 50), [7, 20, 23])
+    for n in (1, 24, 25, 26, 37):
+        assert torch.equal(read_all(v2_loader(counting_cache, n), [n]), long[:n])
+    trunk = v2_loader(counting_cache, 50)
+    trunk.next_blocks(31)
+    state = trunk.state_dict()
+    trunk.close()
+    branch = v2_loader(counting_cache, 40)  # another total: v2's order does not depend on it
+    branch.load_state_dict(state)
+    assert torch.equal(read_all(branch, [9]), long[31:40])
+    with pytest.raises(RunStateError, match="shuffle_group_size"):
+        TrainLoader(counting_cache, L, 50, 7).load_state_dict(state)
+
+
+def test_v2_needs_complete_groups(counting_cache, tmp_path):
+    from tiny_llm.budget import loader_v2_tokens_needed
+
+    with pytest.raises(DataError, match="complete groups"):
+        v2_loader(counting_cache, 51)  # the third group is the cache's last, partial shard
+    need = loader_v2_tokens_needed(50, L, 200)
+    assert need == 401  # both groups, the last block's final target and one token of the next shard
+    write_token_cache(tmp_path / "c", np.arange(need), np.arange(3 * L), shard_tokens=100)
+    with open_cache(tmp_path / "c") as cache:
+        assert torch.equal(
+            read_all(v2_loader(cache, 50), [50]), read_all(v2_loader(counting_cache, 50), [50])
+        )
+    write_token_cache(tmp_path / "d", np.arange(need - 1), np.arange(3 * L), shard_tokens=100)
+    with open_cache(tmp_path / "d") as cache, pytest.raises(DataError, match="need 401 train tokens"):
+        v2_loader(cache, 50)

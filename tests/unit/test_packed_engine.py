@@ -57,7 +57,7 @@ def test_packed_without_mixing_equals_independent_ordinary_models():
             assert stats.extra["local_losses"][i] == pytest.approx(ref.loss, rel=1e-6, abs=1e-6)
             assert stats.extra["local_grad_norms"][i] == pytest.approx(ref.grad_norm, rel=1e-5)
         assert stats.extra["mixing_gamma"] == 0.0 and stats.extra["mixing_step"] is None
-        assert stats.tokens == 512 and stats.extra["tokens_per_model"] == 256
+        assert stats.tokens == 512 and stats.extra["update_tokens_per_model"] == 256
     for i, model in enumerate(ordinary):
         for name, param in model.model.named_parameters():
             packed = engine.model.layout.views(engine.model.arena)[name][i]
@@ -205,7 +205,7 @@ def test_short_update_and_non_finite_loss():
     recipe = packed_recipe()
     engine = PackedEngine(recipe, CPU)
     stats = engine.train_step(batches(recipe, 1)[0][:6], 1e-3, 1)  # 3 blocks per worker instead of 4
-    assert stats.tokens == 6 * 64 and stats.extra["tokens_per_model"] == 3 * 64
+    assert stats.tokens == 6 * 64 and stats.extra["update_tokens_per_model"] == 3 * 64
     engine.model.arena.mul_(float("nan"))
     with pytest.raises(NonFiniteError):
         engine.train_step(batches(recipe, 1)[0], 1e-3, 2)

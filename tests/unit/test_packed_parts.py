@@ -96,6 +96,9 @@ def test_adaptive_consensus_gamma():
     assert sched.gamma(2, 0.4) == 1.0
     assert sched.gamma(3, 0.3) == 1.0
     assert sched.gamma(5, 0.1) == pytest.approx((0.1 / 0.3) ** 2)
+    flat = consensus_schedule(start_frac=0.5, p=0.0, step_lrs=[*lrs, 0.0])  # p = 0: full mixing (gamma 1)
+    assert [flat.gamma(s, lr) for s, lr in enumerate([*lrs, 0.0])] == [1.0] * 7
+    assert load_recipe(["packed4-tiny"], ["decentralized.adaptive_consensus={start_frac: 0.5, p: 0}"])
 
 
 def test_per_worker_clipping_matches_clip_grad_norm():
@@ -186,6 +189,7 @@ def test_packed_budget_epochs_are_multiples_of_num_models():
         ),
         (["decentralized.topology=star"], "decentralized.topology: expected one of"),
         (["decentralized.adaptive_consensus={start_frac: 2, p: 1}"], "adaptive_consensus"),
+        (["decentralized.adaptive_consensus={start_frac: 0.5, p: -1}"], "p >= 0"),
     ],
 )
 def test_packed_config_errors(sets, needle):

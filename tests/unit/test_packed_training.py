@@ -42,8 +42,10 @@ def straight_run(tiny_cache, tiny_recipe_args, tmp_path_factory) -> Path:
 def test_packed_run_logs_workers_and_exports_average_and_nodes(straight_run):
     train = [r for r in metric_rows(straight_run) if r["event"] == "train"]
     assert train and all(len(r["local_losses"]) == 4 and len(r["local_grad_norms"]) == 4 for r in train)
-    assert all(r["mixing_gamma"] == 1.0 and r["tokens_per_model"] * 4 <= 1024 for r in train)
-    assert train[0]["tokens_per_model"] == 256  # worker i trains on blocks i, i+4, ... of 16
+    assert all(r["mixing_gamma"] == 1.0 and r["update_tokens_per_model"] * 4 <= 1024 for r in train)
+    assert train[0]["update_tokens_per_model"] == 256  # worker i trains on blocks i, i+4, ... of 16
+    assert all(r["tokens_per_model"] * 4 == r["tokens"] for r in train)  # cumulative, as the reference's
+    assert all(r["grad_norm"] == max(r["local_grad_norms"]) for r in train)  # log_every 1: the update's max
     assert train[-1]["loss"] < train[0]["loss"]
     root = load_file(straight_run / "final.safetensors")
     nodes = [load_file(straight_run / f"node-{i:03d}" / "final.safetensors") for i in range(4)]
@@ -57,6 +59,7 @@ def test_packed_run_logs_workers_and_exports_average_and_nodes(straight_run):
 def test_packed_run_records_its_workers_mixing_and_attention_kernels(straight_run):
     result = json.loads((straight_run / "result.json").read_text())
     assert result["num_models"] == 4 and result["tokens_per_model"] * 4 == result["tokens"]
+    assert result["total_parameters"] == 4 * result["parameters"]
     assert (result["topology"], result["scheme"]) == ("one_peer_exponential", "awc")
     train = [r for r in metric_rows(straight_run) if r["event"] == "train"]
     for row in train:  # exponential, N=4: peer offsets 1, 2, 1, 2, ... by 0-based update

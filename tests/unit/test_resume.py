@@ -109,9 +109,15 @@ def test_interrupted_four_times_equals_uninterrupted(
         status = read_json(tmp_path / "run" / "status.json")
         assert status == {"status": "interrupted", "step": expected_step, "tokens": status["tokens"]}
         assert (tmp_path / "run" / "latest.pt").exists()
+    first_environment = (tmp_path / "run" / "environment.json").read_text()
     assert run_training(recipe, resume="auto", quiet=True) == 0
     assert_same_run(tmp_path / "run", baseline)
     assert not (tmp_path / "run" / "latest.pt").exists()  # policy final keeps only final.pt
+    assert (tmp_path / "run" / "environment.json").read_text() == first_environment  # the first session's
+    assert (
+        read_json(tmp_path / "run" / "environment-resume.json")["recipe_identity"]
+        == read_json(baseline / "result.json")["recipe_identity"]
+    )
 
 
 def _wait_for_row(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

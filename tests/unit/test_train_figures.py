@@ -88,6 +88,20 @@ def test_elapsed_figures_exclude_the_final_validation_and_add_up_over_resumes(
     assert result["seconds_this_session"] >= 10_000  # this one includes the full validation
     final = checkpoint.load_state(tmp_path / "run" / checkpoint.FINAL)
     assert final["progress"]["elapsed_seconds"] == result["training_elapsed_seconds"]
+    assert_reference_throughput_script_agrees(tmp_path / "run", result)
+
+
+def assert_reference_throughput_script_agrees(run_dir: Path, result: dict) -> None:
+    """The reference's throughput script sums the train rows' window seconds and tokens: over a resumed run
+    that gives the run's true tokens/s; the cumulative seconds have a name of their own."""
+    train = [r for r in rows(run_dir) if r["event"] == "train"]
+    seconds = sum(r["training_seconds"] for r in train)
+    tokens = sum(r["tokens_per_second"] * r["training_seconds"] for r in train)  # each window's tokens
+    assert seconds == pytest.approx(result["training_seconds"], rel=1e-9)
+    assert tokens == pytest.approx(result["tokens"], rel=1e-9)
+    assert tokens / seconds == pytest.approx(result["training_tokens_per_second"], rel=1e-9)
+    assert train[-1]["cumulative_training_seconds"] == result["training_seconds"]
+    assert all(r["training_seconds"] >= 10 for r in train)  # a window, not the run so far
 
 
 class FakeMemory:
@@ -175,3 +189,39 @@ def test_epoch_state_files_know_their_epoch_and_best_never_gets_worse(
     assert read_json(run_dir / "best.json") == {"epoch": 2, "loss": 3.0, "weights": "epoch-002.safetensors"}
     result = read_json(run_dir / "result.json")
     assert (result["best_epoch"], result["best_subset_loss"]) == (2, 3.0)
+
+
+def test_grad_norm_is_the_windows_last_update_and_its_mean_has_a_name_of_its_own(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    norms: dict[int, float] = {}
+    step = ModelEngine.train_step
+
+    def recording(self: ModelEngine, blocks: torch.Tensor, lr: float, n: int):  # noqa: ANN202
+        stats = step(self, blocks, lr, n)
+        norms[n] = stats.grad_norm
+        return stats
+
+    monkeypatch.setattr(ModelEngine, "train_step", recording)
+    run_dir = tmp_path / "run"
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT), quiet=True) == 0
+    train = [r for r in rows(run_dir) if r["event"] == "train"]
+    previous = 0
+    for row in train:
+        window = [norms[n] for n in range(previous + 1, row["step"] + 1)]
+        assert row["grad_norm"] == norms[row["step"]]
+        assert row["grad_norm_window_mean"] == pytest.approx(sum(window) / len(window), rel=1e-12)
+        previous = row["step"]
+    assert any(r["grad_norm"] != r["grad_norm_window_mean"] for r in train)
+
+
+def test_checkpoint_epochs_keep_only_the_listed_epochs_states(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    run_dir = tmp_path / "run"
+    sets = ("training.checkpoint_policy=interval", "training.checkpoint_epochs=[2]")
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, run_dir, *SHORT, *sets), quiet=True) == 0
+    assert sorted(p.name for p in run_dir.glob("epoch-*")) == ["epoch-002.pt", "epoch-002.safetensors"]
+    assert checkpoint.load_state(run_dir / "epoch-002.pt")["progress"]["epochs_done"] == 2
+    best = read_json(run_dir / "best.json")
+    assert best["weights"] == ("epoch-002.safetensors" if best["epoch"] == 2 else None)

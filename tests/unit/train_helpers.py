@@ -21,6 +21,7 @@ SMALL = [
 TIMING_KEYS = {
     "tokens_per_second",
     "training_seconds",
+    "cumulative_training_seconds",
     "elapsed_tokens_per_second",
     "peak_memory_bytes",
     "evaluation_peak_memory_bytes",

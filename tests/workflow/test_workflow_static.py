@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from workflow_helpers import REPO, SNAKEFILE, snakemake, tiny_config, write_config
 
 
@@ -213,6 +214,32 @@ def test_a_config_without_a_campaign_still_defines_its_rules(tmp_path: Path) -> 
     rules = set(proc.stdout.split())
     assert {"plan_campaign", "train_campaign", "select_run", "rank_stage", "report_campaign"} <= rules
     assert {"export_best", "analyze_checkpoint", "bench_packed"} <= rules
+    assert {"train_trunk", "train_branch", "report_horizons"} <= rules
     proc = snakemake(tmp_path, tmp_path / "tiny.yaml", "-n", "campaign")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert set(job_counts(proc.stdout)) == {"campaign", "total"}  # the target alone: no campaign job
+
+
+def test_the_reference_wsd_horizon_study_dry_runs_to_3_trunks_and_15_branches(tmp_path: Path) -> None:
+    """config/wsd-horizons-20m.yaml: 5 horizons x 3 seeds; a trunk per seed, stopped at 160's decay start."""
+    proc = snakemake(tmp_path, REPO / "config" / "wsd-horizons-20m.yaml", "-n", "horizons")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["train_trunk"] == 3 and counts["train_branch"] == 15 and counts["report_horizons"] == 1
+    assert "--stop-at-step 22464 --keep-state-at 2808 5615 11231 16848" in proc.stdout
+    assert "--from-state results/horizons/seed43/trunk/step-0011231.pt" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "runs", "gpu_hours"),
+    [("packed8-awc", 240, 29.720), ("packed4-awc", 135, 16.718), ("packed4-atc", 72, 8.916)],
+)
+def test_packed_sweeps_dry_run_to_their_jobs_and_estimate_gpu_hours(
+    tmp_path: Path, name: str, runs: int, gpu_hours: float
+) -> None:
+    config = REPO / "config" / f"sweep-{name}.yaml"
+    proc = snakemake(tmp_path, config, "-n", "campaign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert job_counts(proc.stdout)["train_campaign"] == runs
+    assert f"stage1: {runs} ({runs // 3} configurations x 3 seeds)" in proc.stdout
+    assert f"-> {gpu_hours:.3f} GPU-h" in proc.stdout

@@ -135,6 +135,7 @@ def load_epoch(
         prefetch=False,
         blocks_per_range=blocks_per_range,
         passes=budget.data_passes if case == "seen" else 1,
+        shuffle_group_size=recipe.data.shuffle_group_size if case == "seen" else None,
     )
     try:
         blocks = torch.cat([loader.next_blocks(n) for n in updates])

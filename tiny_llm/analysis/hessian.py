@@ -93,7 +93,7 @@ def curvature_pass(
     (``products``) H v, where the loss is sum(loss_fn(batch)) / num_targets.
 
     Per microbatch: forward, gradient (with a graph when there are directions), then for each direction one
-    backward of <gradient, v>. Quadratic forms are accumulated in FP64.
+    backward of <gradient, v>. Quadratic forms are accumulated in FP64, their dot products included.
     """
     params = flat.params
     views = [flat.split(v.detach()) for v in directions]
@@ -111,7 +111,7 @@ def curvature_pass(
         for index, v in enumerate(views):
             directional = cast(torch.Tensor, sum(_dot(g, u) for g, u in zip(grads, v, strict=True)))
             hv = torch.autograd.grad(directional, params, retain_graph=index < len(views) - 1)
-            quadratics[index] += sum(_dot(h, u).double() for h, u in zip(hv, v, strict=True))
+            quadratics[index] += sum(_dot(h.double(), u.double()) for h, u in zip(hv, v, strict=True))
             if hv_acc is not None:
                 torch._foreach_add_(hv_acc[index], list(hv))
         del loss, grads

@@ -75,6 +75,14 @@ def run_recipe(run_dir: Path, settings: AnalysisConfig) -> RecipeConfig:
     return dataclasses.replace(recipe, runtime=runtime)
 
 
+def matmul_precision(recipe: RecipeConfig, settings: AnalysisConfig) -> str:
+    """'tf32' where FP32 matmuls may use TF32 (CUDA, FP32, not deterministic, no --no-tf32), else 'ieee'."""
+    device = recipe.runtime.device
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    tf32 = cuda and settings.tf32 and settings.dtype == "float32" and not recipe.runtime.deterministic
+    return "tf32" if tf32 else "ieee"
+
+
 def noise_batches(num_batches: int, settings: AnalysisConfig) -> list[int]:
     """Indices of the sampled effective batches: S of them without replacement (seeded), sorted; or all."""
     if settings.noise_samples == "all" or settings.noise_samples >= num_batches:
@@ -106,7 +114,8 @@ class AnalysisJob:
             "checkpoint": self.saved.name,
             **self.saved.hashes,
         }
-        self.identity = analysis_identity(inputs, settings)
+        self.matmul_precision = matmul_precision(self.recipe, settings)
+        self.identity = analysis_identity(inputs, settings, self.matmul_precision)
         self.samples_dir = output / "samples"
         self.state_path = output / "state" / "mean-gradient.pt"
 
@@ -129,7 +138,9 @@ class AnalysisJob:
                 job = [
                     c
                     for c in changed
-                    if c.startswith(("settings.", "inputs.checkpoint:", "format", "version"))
+                    if c.startswith(
+                        ("settings.", "inputs.checkpoint:", "format", "version", "matmul_precision")
+                    )
                 ]
                 if job or not changed:
                     raise RunStateError(
@@ -160,7 +171,13 @@ class AnalysisJob:
             "case": self.settings.case,
             "data": epoch.metadata(),
             "settings": dataclasses.asdict(self.settings),
+            **self.environment(),
         }
+
+    def environment(self) -> dict[str, Any]:
+        """Where the numbers were computed: device, matmul precision, torch version (every sample too)."""
+        device = str(self.device) if hasattr(self, "device") else self.recipe.runtime.device
+        return {"device": device, "matmul_precision": self.matmul_precision, "torch": torch.__version__}
 
     def write_manifest(self, epoch: AnalysisEpoch) -> None:
         atomic_write_json(
@@ -175,6 +192,7 @@ class AnalysisJob:
         return row if row.get("identity") == self.identity["identity"] else None
 
     def write_sample(self, row: dict[str, Any]) -> None:
+        row = {**row, **self.environment()}
         atomic_write_json(self.samples_dir / sample_name(row["kind"], row["index"]), row)
 
     # ------------------------------------------------------------------ the computation
@@ -191,6 +209,8 @@ class AnalysisJob:
     def _run(self) -> dict[str, Any]:
         s, recipe = self.settings, self.recipe
         self.device = setup_runtime(recipe)
+        if self.device.type == "cuda" and self.matmul_precision == "ieee":
+            torch.set_float32_matmul_precision("highest")
         epoch = load_epoch(recipe, self.cache, s.case, self.saved.blocks_per_range)
         self.write_manifest(epoch)
         dtype = torch.float64 if s.dtype == "float64" else torch.float32
@@ -326,7 +346,7 @@ class AnalysisJob:
             by_kind["random"],
             by_kind["consensus"],
             dimension=self.flat.size,
-            full_gradient_norm=full_norm,
+            mean_gradient_norm=full_norm,
         )
         result = {
             **self.header(self.epoch),
@@ -334,9 +354,7 @@ class AnalysisJob:
             "statistics": statistics,
             "seconds": mean["seconds"] + math.fsum(r["seconds"] for r in rows),
             "seconds_this_session": time.perf_counter() - self.started,
-            "device": str(self.device),
             "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
         }
         atomic_write_json(self.output / "result.json", result)
         self.state_path.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
-FORMAT, VERSION = "tiny-llm-analysis", 1
+FORMAT, VERSION = "tiny-llm-analysis", 2  # 2: the reference's statistic names, matmul precision
 EXECUTION_FIELDS = frozenset({"hvp_batch_size", "directions_per_pass", "device", "threads"})
 """Settings that change how fast a job runs, not what it measures: a resumed job may change them."""
 
@@ -31,6 +31,8 @@ class AnalysisConfig:
     """BF16 autocast for the matmuls of the forward (FP32 parameters only); the attention stays FP32."""
     consensus: bool = True
     """Packed runs: also e_i^T H e_i of every worker's consensus error e_i = x_i - mean."""
+    tf32: bool = True
+    """FP32 matmuls on CUDA may use TF32 (the runtime's setting); False: IEEE FP32 (--no-tf32)."""
     hvp_batch_size: int | None = None
     """Sequences per microbatch of the Hessian passes (None: the run's training.micro_batch_size)."""
     directions_per_pass: int = 8
@@ -73,11 +75,14 @@ class AnalysisConfig:
 
     def tag(self) -> str:
         """A short directory name for the measured settings but the case (``s32-r32-seed42``, then ``-fp64``,
-        ``-amp``, ``-noconsensus`` where set): a workflow that puts it in the path sends other settings to a
-        new directory instead of having them refused."""
+        ``-amp``, ``-noconsensus``, ``-notf32`` where set): a workflow that puts it in the path sends other
+        settings to a new directory instead of having them refused."""
         parts = [f"s{self.noise_samples}", f"r{self.random_samples}", f"seed{self.seed}"]
         parts += (
-            ["fp64"] * (self.dtype == "float64") + ["amp"] * self.amp + ["noconsensus"] * (not self.consensus)
+            ["fp64"] * (self.dtype == "float64")
+            + ["amp"] * self.amp
+            + ["noconsensus"] * (not self.consensus)
+            + ["notf32"] * (not self.tf32)
         )
         return "-".join(parts)
 
@@ -85,7 +90,9 @@ class AnalysisConfig:
         """The ``analyze`` options giving these settings, case included (device and threads: where set)."""
         out = ["--case", self.case, "--noise-samples", str(self.noise_samples)]
         out += ["--random-samples", str(self.random_samples), "--seed", str(self.seed), "--dtype", self.dtype]
-        out += ["--amp"] * self.amp + ["--no-consensus"] * (not self.consensus)
+        out += (
+            ["--amp"] * self.amp + ["--no-consensus"] * (not self.consensus) + ["--no-tf32"] * (not self.tf32)
+        )
         if self.hvp_batch_size is not None:
             out += ["--hvp-batch-size", str(self.hvp_batch_size)]
         out += ["--directions-per-pass", str(self.directions_per_pass)]
@@ -103,8 +110,17 @@ def parse_noise_samples(text: str) -> int | Literal["all"]:
         raise ConfigError(f"--noise-samples: {text!r} is neither a count nor all") from None
 
 
-def analysis_identity(inputs: dict[str, Any], settings: AnalysisConfig) -> dict[str, Any]:
-    """The identity payload (inputs: recipe and cache identities, checkpoint and its weights' hash) and its
-    sha256: a job whose payload differs must not reuse an output directory."""
-    payload = {"format": FORMAT, "version": VERSION, "inputs": inputs, "settings": settings.measured()}
+def analysis_identity(
+    inputs: dict[str, Any], settings: AnalysisConfig, matmul_precision: str
+) -> dict[str, Any]:
+    """The identity payload (inputs: recipe and cache identities, checkpoint and its weights' hash; the
+    matmul precision, tf32 or ieee) and its sha256: a job whose payload differs must not reuse an output
+    directory."""
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "inputs": inputs,
+        "settings": settings.measured(),
+        "matmul_precision": matmul_precision,
+    }
     return {**payload, "identity": hashlib.sha256(canonical_json(payload).encode()).hexdigest()}

@@ -22,13 +22,15 @@ def summarize(
     consensus: Sequence[dict[str, Any]],
     *,
     dimension: int,
-    full_gradient_norm: float,
+    mean_gradient_norm: float,
 ) -> dict[str, Any]:
-    """SPEC §11's statistics.
+    """SPEC §11's statistics, under the reference's names where it has them.
 
     noise_alignment = sum v^T H v / S; normalized_noise_alignment = sum v^T H v / sum |v|^2;
-    isotropic_alignment = sum r^T H r / (D R), what the normalised alignment of noise without a preferred
-    direction would be (tr H / D); alignment_ratio = the normalised noise alignment over it.
+    normalized_random_alignment = sum r^T H r / (D R), what the normalised alignment of noise without a
+    preferred direction would be (tr H / D); alignment_ratio = the normalised noise alignment over it;
+    average_noise_norm = mean |v_k|; average_batch_gradient_norm = mean |g_k|; mean_gradient_norm = |g-bar|,
+    the norm of the epoch's mean gradient; average_consensus_norm = mean |e_i|.
     """
     if not noise:
         raise ValueError("statistics need at least one noise sample")
@@ -42,10 +44,10 @@ def summarize(
         "dimension": dimension,
         "noise_alignment": q_noise / len(noise),
         "normalized_noise_alignment": normalized,
-        "mean_noise_norm": math.fsum(math.sqrt(row["noise_norm_squared"]) for row in noise) / len(noise),
-        "mean_gradient_norm": math.fsum(row["gradient_norm"] for row in noise) / len(noise),
-        "full_gradient_norm": full_gradient_norm,
-        "isotropic_alignment": isotropic,
+        "average_noise_norm": math.fsum(math.sqrt(row["noise_norm_squared"]) for row in noise) / len(noise),
+        "average_batch_gradient_norm": math.fsum(row["gradient_norm"] for row in noise) / len(noise),
+        "mean_gradient_norm": mean_gradient_norm,
+        "normalized_random_alignment": isotropic,
         "alignment_ratio": (
             normalized / isotropic if normalized is not None and isotropic not in (None, 0.0) else None
         ),
@@ -58,7 +60,7 @@ def summarize(
             normalized_consensus_alignment=_ratio(
                 q_consensus, math.fsum(row["norm_squared"] for row in consensus)
             ),
-            mean_consensus_norm=math.fsum(math.sqrt(row["norm_squared"]) for row in consensus)
+            average_consensus_norm=math.fsum(math.sqrt(row["norm_squared"]) for row in consensus)
             / len(consensus),
         )
     return out

@@ -36,15 +36,15 @@ COLUMNS = (
     "dimension",
     "noise_alignment",
     "normalized_noise_alignment",
-    "isotropic_alignment",
+    "normalized_random_alignment",
     "alignment_ratio",
-    "mean_noise_norm",
+    "average_noise_norm",
+    "average_batch_gradient_norm",
     "mean_gradient_norm",
-    "full_gradient_norm",
     "consensus_workers",
     "consensus_alignment",
     "normalized_consensus_alignment",
-    "mean_consensus_norm",
+    "average_consensus_norm",
     "seconds",
     "identity",
 )
@@ -163,7 +163,7 @@ def draw_alignment(rows: list[dict[str, Any]]) -> Any:
 
     several = len({r["run"] for r in rows}) > 1
     noise = _series(rows, "normalized_noise_alignment")
-    isotropic = _series(rows, "isotropic_alignment")
+    isotropic = _series(rows, "normalized_random_alignment")
     consensus = _series(rows, "normalized_consensus_alignment")
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4), layout="constrained")
     for ax, log in zip(axes, (False, True), strict=True):
@@ -222,11 +222,17 @@ def draw_norms(rows: list[dict[str, Any]], logged: list[tuple[int, float]]) -> A
     fig, ax = plt.subplots(figsize=(8.5, 4.6), layout="constrained")
     if logged:
         steps, norms = zip(*logged, strict=True)
-        ax.plot(steps, norms, color="0.55", linewidth=1.0, label="training log: update gradient norm")
+        ax.plot(
+            steps,
+            norms,
+            color="0.55",
+            linewidth=1.0,
+            label="training log: grad_norm (each row's last update)",
+        )
     kinds = (
-        ("mean_gradient_norm", "mean |g_k| (batch gradient)", "o", "-"),
-        ("mean_noise_norm", "mean |v_k| (noise)", "s", "--"),
-        ("full_gradient_norm", "|mean gradient| (epoch)", "D", ":"),
+        ("average_batch_gradient_norm", "mean |g_k| (batch gradient)", "o", "-"),
+        ("average_noise_norm", "mean |v_k| (noise)", "s", "--"),
+        ("mean_gradient_norm", "|mean gradient| (epoch)", "D", ":"),
     )
     for key, what, marker, linestyle in kinds:
         for (run, case), points in _series(rows, key).items():

@@ -162,7 +162,7 @@ class Updater:
 
     def lr(self) -> float:
         end_tokens = min((self.step + 1) * self.recipe.training.batch_tokens, self.budget.tokens)
-        return lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer)
+        return lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer, self.recipe.training.batch_tokens)
 
     def __call__(self):
         stats = self.engine.train_step(self.batches(), self.lr(), self.step)

@@ -62,13 +62,23 @@ def load_templates(config: CampaignConfig) -> dict[str, dict[str, Any]]:
 
 
 def cache_identity_of(template: Mapping[str, Any]) -> str:
-    """Identity of the token cache a template trains on (RunStateError if it is not prepared yet)."""
+    """Identity of the token cache a template trains on: RunStateError if it is not prepared yet, or if its
+    validation split is incomplete while the recipe does not ask for a truncated one (the precondition of
+    ranking by full validation loss)."""
     manifest = Path(template["data"]["cache_dir"]) / "manifest.json"
     if not manifest.is_file():
         raise RunStateError(f"token cache not prepared: {manifest} is missing; prepare it first")
-    identity = read_json(manifest).get("identity")
+    content = read_json(manifest)
+    identity = content.get("identity")
     if not isinstance(identity, str):
         raise RunStateError(f"{manifest}: no identity field; prepare the cache again")
+    truncated_on_purpose = template["data"].get("prepare_validation_tokens") is not None
+    if content.get("validation_complete") is False and not truncated_on_purpose:
+        raise RunStateError(
+            f"{manifest}: the cache holds only part of the validation split and a campaign ranks by the full "
+            "validation loss; prepare a complete cache in a new data.cache_dir (or set "
+            "data.prepare_validation_tokens to rank on the truncated split on purpose)"
+        )
     return identity
 
 

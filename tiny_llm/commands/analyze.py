@@ -57,6 +57,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="Hessian-vector products sharing one pass over the epoch (default 8; one vector of memory each)",
     )
     parser.add_argument("--no-consensus", action="store_true", help="packed runs: skip the consensus errors")
+    parser.add_argument(
+        "--no-tf32",
+        action="store_true",
+        help="IEEE FP32 matmuls on CUDA (default: TF32, as the runtime sets)",
+    )
     parser.add_argument("--device", default=None, help="default: the run's runtime.device")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the run's)")
 
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         amp=args.amp,
         consensus=not args.no_consensus,
+        tf32=not args.no_tf32,
         hvp_batch_size=args.hvp_batch_size,
         directions_per_pass=args.directions_per_pass,
         device=args.device,

@@ -19,6 +19,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--quiet", action="store_true", help="no console progress lines (run.log still gets them)"
     )
     parser.add_argument(
+        "--stop-at-step",
+        type=int,
+        metavar="N",
+        help="stop after update N keeping its state (step-NNNNNNN.pt, latest.pt), status 'stopped', "
+        "stopped.json last; rerunning continues nothing past N (a trunk of several horizons)",
+    )
+    parser.add_argument(
+        "--keep-state-at",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also keep the state after each update N as step-NNNNNNN.pt (branch points)",
+    )
+    parser.add_argument(
+        "--from-state",
+        type=Path,
+        metavar="PATH",
+        help="start from another run's state when the run directory holds none: the recipes may differ "
+        "only in training.tokens_per_parameter, with the same updates so far (needs data.shuffle_group_size)",
+    )
+    parser.add_argument(
         "--record-divergence",
         action="store_true",
         help="a run that stops on a non-finite loss writes a 'diverged' result.json and exits 0 "
@@ -29,8 +51,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
     from tiny_llm.engines import run_training
+    from tiny_llm.errors import ConfigError
+    from tiny_llm.train.loop import Continuation
 
-    code = run_training(recipe, resume=args.resume, quiet=args.quiet)
+    if args.from_state is not None and not args.from_state.is_file():
+        raise ConfigError(f"--from-state: no state file {args.from_state}")
+    steps = [s for s in (args.stop_at_step, *args.keep_state_at) if s is not None]
+    if any(s < 1 for s in steps):
+        raise ConfigError("--stop-at-step/--keep-state-at: steps must be >= 1")
+    plan = Continuation(args.stop_at_step, tuple(args.keep_state_at), args.from_state)
+    code = run_training(recipe, resume=args.resume, quiet=args.quiet, plan=plan)
     if code and args.record_divergence:
         return record_divergence(Path(recipe.runtime.output_dir), code)
     return code

@@ -75,6 +75,10 @@ class TokenCache:
     def num_tokens(self, split: Split) -> int:
         return int(self.manifest["splits"][split]["tokens"])
 
+    def shard_sizes(self, split: Split) -> list[int]:
+        """Tokens of each physical shard of ``split``, in file order."""
+        return [s["tokens"] for s in self._shards[split]]
+
     def read(self, split: Split, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of ``split`` as a fresh uint16 array; may span shards."""
         total = self.num_tokens(split)

@@ -8,6 +8,11 @@ too, so ``seed`` alone fixes the sample order. The next range is read by a backg
 needs only the block cursor: the order is recomputed and nothing is replayed. With ``passes`` > 1 the
 loader visits the first ceil(num_blocks / passes) blocks that many times, each pass in its own seeded
 order (the first pass in the order a single pass would have); the last pass may stop early.
+
+Loader v2 (``shuffle_group_size`` G, the reference's Gen D): the ranges are groups of G physical shards
+visited in file order; a block belongs to the group holding its first token, and the rows of group g are
+visited in the permutation of ``SeedSequence([seed, 1, g])``. Nothing depends on ``num_blocks`` but where
+the sequence stops, so a shorter run's samples are an exact prefix of a longer run's with the same seed.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tiny_llm.budget import loader_v2_tokens_needed
 from tiny_llm.data.cache import DTYPE, TokenCache
 from tiny_llm.errors import DataError, RunStateError
 
@@ -41,14 +47,20 @@ class TrainLoader:
         prefetch: bool = True,
         blocks_per_range: int | None = None,
         passes: int = 1,
+        shuffle_group_size: int | None = None,
     ) -> None:
         """``blocks_per_range`` overrides the range size derived from ``buffer_size_mib`` (tests);
-        ``passes`` (training.data_passes) repeats the first ceil(num_blocks / passes) blocks."""
+        ``passes`` (training.data_passes) repeats the first ceil(num_blocks / passes) blocks;
+        ``shuffle_group_size`` (data.shuffle_group_size) selects loader v2."""
         if context_length < 1 or num_blocks < 1 or buffer_size_mib < 1 or not 1 <= passes <= num_blocks:
             raise ValueError("context_length, num_blocks, buffer_size_mib and passes must be positive")
+        if shuffle_group_size is not None and (shuffle_group_size < 1 or passes != 1):
+            raise ValueError("shuffle_group_size must be positive and needs a single data pass")
         self.passes = passes
         self.unique_blocks = -(-num_blocks // passes)
-        cache.check_capacity(self.unique_blocks * context_length + 1)
+        self.shuffle_group_size = shuffle_group_size
+        if shuffle_group_size is None:
+            cache.check_capacity(self.unique_blocks * context_length + 1)
         self.cache = cache
         self.context_length = context_length
         self.num_blocks = num_blocks
@@ -62,24 +74,33 @@ class TrainLoader:
     def _plan(self, blocks_per_range: int) -> None:
         """Visiting order of the ranges and where each starts in the sample sequence."""
         self.blocks_per_range = blocks_per_range
-        num_ranges = math.ceil(self.unique_blocks / blocks_per_range)
-        self._order = [
-            (p, int(r))
-            for p in range(self.passes)
-            for r in np.random.default_rng(_pass_stream(self.seed, _ORDER_STREAM, p)).permutation(num_ranges)
-        ]
-        sizes = [self._range_size(r) for _, r in self._order]
+        if self.shuffle_group_size is not None:
+            self._ranges = group_ranges(
+                self.cache, self.shuffle_group_size, self.context_length, self.num_blocks
+            )
+            self._order = [(0, r) for r in range(len(self._ranges))]  # groups in file order
+        else:
+            num_ranges = math.ceil(self.unique_blocks / blocks_per_range)
+            self._ranges = [
+                (r * blocks_per_range, min(blocks_per_range, self.unique_blocks - r * blocks_per_range))
+                for r in range(num_ranges)
+            ]
+            self._order = [
+                (p, int(r))
+                for p in range(self.passes)
+                for r in np.random.default_rng(_pass_stream(self.seed, _ORDER_STREAM, p)).permutation(
+                    num_ranges
+                )
+            ]
+        sizes = [self._ranges[r][1] for _, r in self._order]
         self._starts = np.cumsum([0, *sizes])
         self._current: tuple[int, np.ndarray, np.ndarray] | None = None
         self._pending: tuple[int, Future] | None = None
 
-    def _range_size(self, range_index: int) -> int:
-        return min(self.blocks_per_range, self.unique_blocks - range_index * self.blocks_per_range)
-
     def _load(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """The range visited at ``position``: its overlapping-window view and its row permutation."""
         pass_index, index = self._order[position]
-        first, size, L = index * self.blocks_per_range, self._range_size(index), self.context_length
+        (first, size), L = self._ranges[index], self.context_length
         tokens = self.cache.read("train", first * L, (first + size) * L + 1)
         windows = np.lib.stride_tricks.sliding_window_view(tokens, L + 1)[::L]
         stream = _pass_stream(self.seed, _ROWS_STREAM, pass_index, index)
@@ -134,12 +155,16 @@ class TrainLoader:
             "context_length": self.context_length,
             "blocks_per_range": self.blocks_per_range,
             "passes": self.passes,
+            "shuffle_group_size": self.shuffle_group_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state['cursor']``; the saved range size is kept so the order does not change."""
-        for key in ("seed", "num_blocks", "context_length", "passes"):
-            if state.get(key, 1 if key == "passes" else None) != getattr(self, key):
+        """Continue at ``state['cursor']``; the saved range size is kept so the order does not change.
+        Loader v2's order does not depend on ``num_blocks``: a state of a run with another total continues
+        (a branch started from a shared trunk)."""
+        keys = ["seed", "num_blocks", "context_length", "passes", "shuffle_group_size"]
+        for key in (k for k in keys if k != "num_blocks" or self.shuffle_group_size is None):
+            if state.get(key, {"passes": 1}.get(key)) != getattr(self, key):
                 raise RunStateError(
                     f"loader state differs: {key} was {state.get(key)!r}, now {getattr(self, key)!r}; "
                     "resume with the recipe the run started with"
@@ -168,6 +193,34 @@ class TrainLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def group_ranges(
+    cache: TokenCache, group_size: int, context_length: int, num_blocks: int
+) -> list[tuple[int, int]]:
+    """(first block, blocks) of each loader-v2 group up to the one holding sample ``num_blocks`` - 1.
+
+    A block belongs to the group holding its first token. Every group used must be complete (a shard
+    follows it, so its own shards are full) and its last block must fit; DataError otherwise.
+    """
+    sizes, L = cache.shard_sizes("train"), context_length
+    ranges, start, total = [], 0, 0
+    for g in range(0, len(sizes), group_size):
+        end = start + sum(sizes[g : g + group_size])
+        first, stop = -(-start // L), -(-end // L)
+        ranges.append((first, stop - first))
+        total += stop - first
+        complete = g + group_size < len(sizes) and stop * L + 1 <= cache.num_tokens("train")
+        if total >= num_blocks and complete:
+            return ranges
+        if total >= num_blocks or not complete:
+            break
+        start = end
+    need = loader_v2_tokens_needed(num_blocks, L, group_size * sizes[0])
+    raise DataError(
+        f"cache too small for data.shuffle_group_size={group_size} (seeded training needs complete groups): "
+        f"need {need} train tokens, have {cache.num_tokens('train')} in {cache.path}; prepare a larger cache"
+    )
 
 
 def _entropy(seed: int) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tiny_llm.budget import lr_at, make_budget
+from tiny_llm.budget import parameter_count, step_lrs
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_, peer_offset
 from tiny_llm.packed.model import PackedLlama, local_losses
@@ -31,21 +31,11 @@ _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 STATE_VERSION = 1
 
 
-def step_learning_rates(recipe: RecipeConfig) -> list[float]:
-    """The LR of every update, evaluated at the update's end token (as the trainer does)."""
-    budget = make_budget(recipe)
-    length = budget.context_length
-    return [
-        lr_at((start + blocks) * length, budget.tokens, recipe.optimizer)
-        for _, start, blocks in budget.update_schedule()
-    ]
-
-
 def build_consensus(recipe: RecipeConfig) -> ConsensusSchedule | None:
     ac = recipe.decentralized.adaptive_consensus if recipe.decentralized else None
     if ac is None:
         return None
-    return consensus_schedule(ac.start_frac, ac.p, step_learning_rates(recipe))
+    return consensus_schedule(ac.start_frac, ac.p, step_lrs(recipe))
 
 
 def split_workers(blocks: torch.Tensor, num_models: int) -> torch.Tensor:
@@ -138,8 +128,9 @@ class PackedEngine:
         norms = worker_norms(self.model.grad_arena)
         values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
         local_list, norm_list = values[: self.num_models], values[self.num_models :]
-        # The logged loss and norm are the workers' means (each worker's own values are in extra).
-        loss, grad_norm = sum(local_list) / len(local_list), sum(norm_list) / len(norm_list)
+        # The logged loss is the workers' mean, the norm their max, as the reference logs them (each worker's
+        # own values are in extra).
+        loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
         if not all(math.isfinite(v) for v in local_list + norm_list):
             self.model.grad_arena.zero_()
             what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
@@ -153,7 +144,7 @@ class PackedEngine:
         extra = {
             "local_losses": local_list,
             "local_grad_norms": norm_list,
-            "tokens_per_model": tokens // self.num_models,
+            "update_tokens_per_model": tokens // self.num_models,
             "mixing_gamma": gamma,
             **self.mixing_facts(update, gamma),
         }
@@ -192,10 +183,15 @@ class PackedEngine:
         self.model.grad_arena.zero_()
         return kernels
 
+    def row_fields(self, tokens: int) -> dict[str, Any]:
+        """Cumulative facts of a train row; ``tokens`` is the run's so far over all workers."""
+        return {"tokens_per_model": tokens // self.num_models}
+
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""
         return {
             "num_models": self.num_models,
+            "total_parameters": self.num_models * parameter_count(self.recipe.model),
             "tokens_per_model": tokens // self.num_models,
             "topology": self.topology,
             "scheme": self.scheme,

@@ -60,6 +60,18 @@ ANALYSIS_ALIGNMENT = "results/analysis/{analysed_run}/{settings_tag}/alignment.p
 ANALYSIS_NOISE = "results/analysis/{analysed_run}/{settings_tag}/noise-alignment.png"
 ANALYSIS_NORMS = "results/analysis/{analysed_run}/{settings_tag}/norms.png"
 
+# ----------------------------------------------------------------------------- WSD horizons
+# <horizon_seed> is a trunk's runtime.seed; <horizon> names a branch by its tokens per parameter (h20, h0.1).
+HORIZONS_TRUNK_DIR = "results/horizons/seed{horizon_seed}/trunk"
+HORIZONS_TRUNK_RECIPE = "results/horizons/seed{horizon_seed}/trunk/recipe.yaml"
+HORIZONS_TRUNK_STOPPED = "results/horizons/seed{horizon_seed}/trunk/stopped.json"
+HORIZONS_BRANCH_DIR = "results/horizons/seed{horizon_seed}/{horizon}"
+HORIZONS_BRANCH_RECIPE = "results/horizons/seed{horizon_seed}/{horizon}/recipe.yaml"
+HORIZONS_BRANCH_RESULT = "results/horizons/seed{horizon_seed}/{horizon}/result.json"
+HORIZONS_TABLE = "results/report/horizons/report.md"
+HORIZONS_SUMMARY = "results/report/horizons/horizons.json"
+HORIZONS_PLOT = "results/report/horizons/loss-vs-horizon.png"
+
 
 @dataclass(frozen=True)
 class RunsReport:

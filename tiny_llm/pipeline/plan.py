@@ -21,6 +21,7 @@ from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.data import DataPlan
 from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.horizons import HorizonsPlan
 from tiny_llm.pipeline.layout import (
     EXPORT_BEST,
     EXPORT_RUN,
@@ -40,7 +41,7 @@ from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.stage import Resources, StagePlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis")
+STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons")
 
 
 def _read_json(path: Path) -> Any:
@@ -82,6 +83,7 @@ class WorkflowPlan:
         self.campaign = CampaignPlan(self.book, numerics_version, self.files, check_files)
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
+        self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         self._add_analysed_runs()
         self.stages: dict[str, StagePlan] = {
@@ -92,6 +94,7 @@ class WorkflowPlan:
             "packed": self.packed,
             "export": self.export,
             "analysis": self.analysis,
+            "horizons": self.horizons,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
         self.tracking_env = self.tracking_environment()

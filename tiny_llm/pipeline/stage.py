@@ -19,7 +19,7 @@ class Resources:
 
 
 class StagePlan(Protocol):
-    """One stage (data, runs, tuning, campaign, packed, export, analysis) of the workflow plan."""
+    """One stage (data, runs, tuning, campaign, packed, export, analysis, horizons) of the workflow plan."""
 
     @property
     def enabled(self) -> bool:

@@ -17,7 +17,8 @@
 - ``selected-<size>.yaml``: the complete recipe of each size's best configuration (its first seed's run).
 
 Modules: ``records`` (run directories -> records, grouped and ranked by ``campaign.ranking``), ``tables``
-(Markdown, HTML and the shared CSS), ``curves`` (the learning-curve figure).
+(Markdown, HTML and the shared CSS), ``curves`` (the learning-curve figure), ``horizons`` (the WSD horizon
+study's report: final loss against horizon).
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ engine (``tiny_llm.train.engine.ModelEngine``) and the packed one
 (``tiny_llm.packed.engine.PackedEngine``) both implement ``Engine``; which one a recipe
 gets is decided by ``tiny_llm.engines.build_engine``.
 
-Two methods add to what a run records: ``attention_kernels()``, the attention operators an update
-dispatches (environment.json), and ``result_fields(tokens)``, the engine's own result.json fields (the
-packed engine: num_models, tokens_per_model, topology, scheme; the ordinary engine: none).
+Three methods add to what a run records: ``attention_kernels()``, the attention operators an update
+dispatches (environment.json), ``result_fields(tokens)``, the engine's own result.json fields (the packed
+engine: num_models, total_parameters, tokens_per_model, topology, scheme), and ``row_fields(tokens)``, the
+engine's cumulative fields of a train row given the run's tokens so far (the packed engine:
+tokens_per_model); the ordinary engine adds none.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class Engine(Protocol):
 
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """The engine's own result.json fields, given the run's tokens."""
+        ...
+
+    def row_fields(self, tokens: int) -> dict[str, Any]:
+        """The engine's cumulative fields of a train row, given the run's tokens so far."""
         ...
 
 

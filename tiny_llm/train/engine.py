@@ -171,3 +171,7 @@ class ModelEngine:
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """An ordinary run has no fields of its own."""
         return {}
+
+    def row_fields(self, tokens: int) -> dict[str, Any]:
+        """Nor has its train row."""
+        return {}

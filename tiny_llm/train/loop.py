@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.budget import Budget, flops_per_token, lr_at, make_budget
+from tiny_llm.budget import Budget, flops_per_token, kept_epochs, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_payload, recipe_to_dict
 from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
@@ -36,7 +36,7 @@ from tiny_llm.runtime.device import (
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, StepStats, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
-from tiny_llm.train import checkpoint
+from tiny_llm.train import checkpoint, continuation
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 from tiny_llm.train.tracking import Tracker, open_tracker
@@ -100,6 +100,11 @@ class Trainer:
         self.elapsed_mark: float | None = None
         """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
+        self.kept_epochs = set(kept_epochs(recipe))
+        self.stop_at: int | None = None
+        """Stop after this update, keep its state and write stopped.json (a trunk)."""
+        self.keep_at: set[int] = set()
+        """Updates after which an immutable step-NNNNNNN.pt is kept (a trunk's branch points)."""
         self._engine: Engine | None = None
         self._loader: TrainLoader | None = None
         self.unsettled: list[tuple[StepStats, float, int, int]] = []
@@ -123,11 +128,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
-    def start(self, resume_path: Path | None, state: dict[str, Any] | None = None) -> None:
-        """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded)."""
+    def start(
+        self, resume_path: Path | None, state: dict[str, Any] | None = None, branch: bool = False
+    ) -> None:
+        """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded); ``branch``: the
+        state is another run's, trained to a point this recipe shares (`continuation`)."""
         if state is None and resume_path is not None:
             state = checkpoint.load_state(resume_path)
-        if state is not None:
+        if branch:
+            if resume_path is None or state is None:
+                raise RuntimeError("a branch starts from another run's state file")
+            continuation.check_continues(state, resume_path, self.recipe, self.cache.identity)
+            continuation.copy_trunk_metrics(resume_path.parent / "metrics.jsonl", self.metrics.path)
+        elif state is not None:
             self._check_compatible(state, resume_path)
         self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
         self.metrics.listener = self.tracker.log_row
@@ -140,6 +153,7 @@ class Trainer:
             buffer_size_mib=self.recipe.data.buffer_size_mib,
             prefetch=self.recipe.data.prefetch,
             passes=self.budget.data_passes,
+            shuffle_group_size=self.recipe.data.shuffle_group_size,
         )
         if state is None:
             self.metrics.reset()
@@ -158,7 +172,7 @@ class Trainer:
         total = (start + blocks) * self.recipe.model.context_length  # every update's tokens (packed: all)
         self.log.start_bar(total, self.progress.tokens, len(self.schedule))
         self._write_status("running")
-        self._write_environment()
+        self._write_environment(resumed=state is not None and not branch)
         self.session_start = time.perf_counter()
         self.subset = validation_subset(
             self.cache,
@@ -188,7 +202,9 @@ class Trainer:
         self.metrics.truncate_to_step(self.progress.step)
         self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
 
-    def _write_environment(self) -> None:
+    def _write_environment(self, resumed: bool) -> None:
+        """environment.json of the session that started the run; a resumed session's goes to
+        environment-resume.json (the latest resume's), so the first one is kept."""
         env = capture_environment(
             self.device,
             parameters=count_parameters(self.engine.eval_model()),
@@ -197,7 +213,7 @@ class Trainer:
             attention_kernels=self.engine.attention_kernels(),
             compiled=uses_compile(self.recipe),
         )
-        atomic_write_json(self.run_dir / "environment.json", env)
+        atomic_write_json(self.run_dir / ("environment-resume.json" if resumed else "environment.json"), env)
 
     # ------------------------------------------------------------------ the loop
 
@@ -205,11 +221,37 @@ class Trainer:
         if self.progress.pending_epoch is not None:
             self.elapsed_mark = time.perf_counter()  # validation left pending belongs to training time
             self.finish_epoch()
-        while self.progress.step < len(self.schedule):
+        end = len(self.schedule) if self.stop_at is None else min(self.stop_at, len(self.schedule))
+        self.keep_state()
+        while self.progress.step < end:
             if signals.stop_requested():
                 raise Interrupted()
             self.update()
+            self.keep_state()
+        if end < len(self.schedule):
+            return self.stop()
         self.finish()
+        return EXIT_COMPLETE
+
+    def keep_state(self) -> None:
+        """The state after a branch point, once (immutable)."""
+        step = self.progress.step
+        if step in self.kept_points() and not (self.run_dir / continuation.state_name(step)).exists():
+            self.save(continuation.state_name(step))
+
+    def kept_points(self) -> set[int]:
+        """The updates after which a state is kept: the branch points and the stop."""
+        return self.keep_at | ({self.stop_at} if self.stop_at is not None else set())
+
+    def stop(self) -> int:
+        """A trunk's end: the state to resume from, status ``stopped`` and stopped.json last."""
+        p = self.progress
+        if self.policy != "none":
+            self.save(checkpoint.LATEST)
+        self._write_status("stopped")
+        kept = sorted(s for s in self.kept_points() if s <= p.step)
+        continuation.write_stopped(self.run_dir, p.step, p.tokens, kept)
+        self.log(f"stopped at step {p.step} (--stop-at-step); kept states after steps {kept}")
         return EXIT_COMPLETE
 
     def update(self) -> None:
@@ -226,7 +268,7 @@ class Trainer:
         started = time.perf_counter()
         blocks = pin_for(self.loader.next_blocks(num_blocks), self.device)
         end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
-        lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer)
+        lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer, self.recipe.training.batch_tokens)
         try:
             stats = self.engine.train_step(blocks, lr, step)
         except UpdateAborted:
@@ -290,9 +332,11 @@ class Trainer:
             "tokens": p.tokens,
             "loss": w.loss_sum / w.tokens,
             "lr": lr,
-            "grad_norm": w.grad_norm_sum / w.updates,
+            "grad_norm": w.grad_norm_last,
+            "grad_norm_window_mean": w.grad_norm_sum / w.updates,
             "tokens_per_second": tps,
-            "training_seconds": p.training_seconds,
+            "training_seconds": w.seconds,
+            "cumulative_training_seconds": p.training_seconds,
             "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
             "peak_memory_bytes": self._fold_training_peak(),
         }
@@ -300,6 +344,7 @@ class Trainer:
         if peak:
             row["mfu"] = tps * flops_per_token(self.recipe.model) / peak
         row.update({k: v for k, v in extra.items() if k not in row})
+        row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
         self.metrics.append(row)
         per_update = self.session_update_seconds / max(self.session_updates, 1)
         eta = per_update * (len(self.schedule) - p.step)
@@ -342,10 +387,11 @@ class Trainer:
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
         improved = p.best_loss is None or result.loss < p.best_loss
         p.epochs_done, p.pending_epoch = epoch, None
+        keep = epoch in self.kept_epochs
         if improved:
-            weights = f"{checkpoint.epoch_stem(epoch)}.safetensors" if self.policy == "all" else None
+            weights = f"{checkpoint.epoch_stem(epoch)}.safetensors" if keep else None
             p.best_epoch, p.best_loss, p.best_weights = epoch, result.loss, weights
-        if self.policy == "all":
+        if keep:
             self.save_epoch_files(epoch)
         if improved:
             self._write_best()
@@ -534,11 +580,26 @@ def already_complete(run_dir: Path, identity: str) -> bool:
     return status.get("status") == "complete" and result.get("recipe_identity") == identity
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """Where a run stops and which states it keeps (a trunk), or the state it starts from (a branch)."""
+
+    stop_at_step: int | None = None
+    keep_states_at: tuple[int, ...] = ()
+    from_state: Path | None = None
+
+
 def run_training(
-    recipe: RecipeConfig, build_engine: EngineFactory, resume: str | None = None, quiet: bool = False
+    recipe: RecipeConfig,
+    build_engine: EngineFactory,
+    resume: str | None = None,
+    quiet: bool = False,
+    plan: Continuation | None = None,
 ) -> int:
     """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
-    exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs."""
+    exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs. ``plan``: stop early
+    keeping states, or start from another run's state when the directory holds none."""
+    plan = plan or Continuation()
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
@@ -547,11 +608,16 @@ def run_training(
             stale.unlink(missing_ok=True)
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
+        trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE
         try:
-            trainer.start(*(given if given is not None else resolve_resume(run_dir, resume, log)))
+            path, state = given if given is not None else resolve_resume(run_dir, resume, log)
+            if path is None and plan.from_state is not None:
+                trainer.start(plan.from_state, branch=True)
+            else:
+                trainer.start(path, state)
             return trainer.run()
         except Interrupted:
             return trainer.interrupt()

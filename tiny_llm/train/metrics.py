@@ -109,12 +109,15 @@ class Window:
     seconds: float = 0.0
     grad_norm_sum: float = 0.0
     updates: int = 0
+    grad_norm_last: float = 0.0
+    """The window's last update's norm: a train row's grad_norm, as the reference logs it."""
 
     def add(self, loss: float, tokens: int, seconds: float, grad_norm: float) -> None:
         self.loss_sum += loss * tokens
         self.tokens += tokens
         self.seconds += seconds
         self.grad_norm_sum += grad_norm
+        self.grad_norm_last = grad_norm
         self.updates += 1
 
     def as_dict(self) -> dict[str, Any]:

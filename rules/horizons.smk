@@ -1,0 +1,84 @@
+# WSD horizon study (target `horizons`): per seed one stable trunk and one decay branch per horizon.
+#
+# results/horizons/seed<S>/trunk/{recipe.yaml, stopped.json}   the longest horizon's recipe trained to its decay
+#                                                              start, keeping step-NNNNNNN.pt at every shorter
+#                                                              horizon's decay start (stopped.json written last)
+# results/horizons/seed<S>/h<H>/{recipe.yaml, result.json}     one branch per horizon from the trunk's state at its
+#                                                              decay start; equal to an independent WSD run at H
+# results/report/horizons/{report.md, horizons.json, loss-vs-horizon.png}   final loss against horizon
+#
+# The study needs loader v2 (data.shuffle_group_size) and says so in one line when it is missing.
+# (paths: tiny_llm/pipeline/layout.py)
+
+
+wildcard_constraints:
+    horizon_seed=r"[0-9]+",
+    horizon=r"h[0-9][0-9.e+-]*",
+
+
+rule train_trunk:
+    input:
+        recipe=ancient(HORIZONS_TRUNK_RECIPE),
+        cache=PLAN.data.cache_dir,
+    output:
+        HORIZONS_TRUNK_STOPPED,
+    log:
+        "logs/train_trunk/seed{horizon_seed}.log",
+    conda:
+        "../envs/torch.yaml"
+    threads: PLAN.threads("horizons")
+    resources:
+        **PLAN.resources("horizons"),
+    params:
+        plan_files=plan_file_digest,
+        numerics=NUMERICS_VERSION,
+        flags=PLAN.horizons.trunk_flags(),
+    shell:
+        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
+        "{params.flags} > {log} 2>&1"
+
+
+rule train_branch:
+    input:
+        recipe=ancient(HORIZONS_BRANCH_RECIPE),
+        trunk=HORIZONS_TRUNK_STOPPED,
+        cache=PLAN.data.cache_dir,
+    output:
+        HORIZONS_BRANCH_RESULT,
+    log:
+        "logs/train_branch/seed{horizon_seed}-{horizon}.log",
+    conda:
+        "../envs/torch.yaml"
+    threads: PLAN.threads("horizons")
+    resources:
+        **PLAN.resources("horizons"),
+    params:
+        plan_files=plan_file_digest,
+        numerics=NUMERICS_VERSION,
+        state=horizon_branch_state,
+    shell:
+        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
+        "--from-state {params.state} > {log} 2>&1"
+
+
+rule report_horizons:
+    input:
+        PLAN.horizons.results(),
+    output:
+        table=HORIZONS_TABLE,
+        summary=HORIZONS_SUMMARY,
+        plot=report(
+            HORIZONS_PLOT,
+            caption="../report/horizons-loss.rst",
+            category="WSD horizons",
+        ),
+    log:
+        "logs/report_horizons/horizons.log",
+    localrule: True
+    conda:
+        "../envs/report.yaml"
+    params:
+        runs=input_parents,
+        outdir=output_parent,
+    shell:
+        "python -m tiny_llm horizons-report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"

@@ -1,0 +1,74 @@
+"""The horizon study's report (torch-free; matplotlib for the plot): final validation loss against the
+training horizon in tokens per parameter, mean and sample SD over seeds, from the branch runs."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_yaml
+
+
+def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """One row per horizon: its runs' final full-validation losses (by seed), their mean and SD."""
+    by_horizon: dict[float, dict[int, float]] = {}
+    for run_dir in map(Path, run_dirs):
+        recipe, result = read_yaml(run_dir / "resolved.yaml"), read_json(run_dir / "result.json")
+        horizon = float(recipe["training"]["tokens_per_parameter"])
+        by_horizon.setdefault(horizon, {})[int(recipe["runtime"]["seed"])] = result["final_validation"][
+            "loss"
+        ]
+    rows = []
+    for horizon, losses in sorted(by_horizon.items()):
+        values = [losses[s] for s in sorted(losses)]
+        rows.append(
+            {
+                "tokens_per_parameter": horizon,
+                "losses": {str(s): losses[s] for s in sorted(losses)},
+                "mean_loss": statistics.fmean(values),
+                "sd_loss": statistics.stdev(values) if len(values) > 1 else None,
+            }
+        )
+    return rows
+
+
+def write_horizons_report(run_dirs: list[str | Path], output_dir: str | Path) -> list[dict[str, Any]]:
+    """horizons.json, report.md and loss-vs-horizon.png in ``output_dir``."""
+    out = Path(output_dir)
+    rows = horizon_rows(run_dirs)
+    atomic_write_json(out / "horizons.json", {"horizons": rows})
+    lines = ["| Tokens/param | Final loss (mean) | SD | Seeds |", "|---:|---:|---:|---:|"]
+    for row in rows:
+        sd = "-" if row["sd_loss"] is None else f"{row['sd_loss']:.6f}"
+        lines.append(
+            f"| {row['tokens_per_parameter']:g} | {row['mean_loss']:.6f} | {sd} | {len(row['losses'])} |"
+        )
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+    _plot(rows, out / "loss-vs-horizon.png")
+    return rows
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tiny_llm.plotting import save_png
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = [r["tokens_per_parameter"] for r in rows]
+    y = [r["mean_loss"] for r in rows]
+    err = [r["sd_loss"] or 0.0 for r in rows]
+    ax.errorbar(x, y, yerr=err, marker="o", capsize=3)
+    for row in rows:
+        ax.scatter(
+            [row["tokens_per_parameter"]] * len(row["losses"]), list(row["losses"].values()), s=10, alpha=0.5
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training horizon (tokens per parameter)")
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("WSD: loss against horizon (branches of one trunk)")
+    ax.grid(True, alpha=0.3)
+    save_png(fig, path)
