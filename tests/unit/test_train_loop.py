@@ -129,12 +129,16 @@ def test_a_non_finite_fused_update_fails_the_run_at_its_own_step(
     log_every 2) or, saving after every update, before it saves step 5, and fails the run at step 5."""
     from tiny_llm.train import engine as engine_module
 
-    finite, calls = engine_module.loss_sum, []
+    finite, train_step, current = engine_module.loss_sum, ModelEngine.train_step, [0]
 
-    def nan_in_update_5(*args: object) -> torch.Tensor:  # microbatches: 2, 2, 2, 2, 2, 1 (epoch end)
-        calls.append(1)
-        return finite(*args) * (float("nan") if len(calls) == 9 else 1.0)
+    def numbered(self: ModelEngine, blocks: torch.Tensor, lr: float, n: int):  # noqa: ANN202
+        current[0] = n  # the update whose microbatches follow (not the attention-kernel probe's pass)
+        return train_step(self, blocks, lr, n)
 
+    def nan_in_update_5(*args: object) -> torch.Tensor:
+        return finite(*args) * (float("nan") if current[0] == 5 else 1.0)
+
+    monkeypatch.setattr(ModelEngine, "train_step", numbered)
     monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_5)
     sets = ("runtime.deterministic=false", "runtime.fused_optimizer=true", "training.checkpoint_every=1")
     run_dir = tmp_path / "run"
@@ -149,9 +153,9 @@ def test_a_non_finite_fused_update_fails_the_run_at_its_own_step(
     assert [r["step"] for r in rows if r["event"] == "train"] == [2, 4]
     if policy == "interval":
         assert torch.load(run_dir / "latest.pt", weights_only=False)["progress"]["step"] == 4
-        assert len(calls) == 10  # found before step 5 was saved
+        assert current[0] == 5  # found before step 5 was saved
     else:
-        assert not (run_dir / "latest.pt").exists() and len(calls) == 11  # found at step 6's row
+        assert not (run_dir / "latest.pt").exists() and current[0] == 6  # found at step 6's row
 
 
 def test_a_stop_after_a_skipped_update_fails_the_run_instead_of_saving_it(
@@ -160,15 +164,20 @@ def test_a_stop_after_a_skipped_update_fails_the_run_instead_of_saving_it(
     from tiny_llm.runtime import signals
     from tiny_llm.train import engine as engine_module
 
-    finite, calls = engine_module.loss_sum, []
+    finite, train_step, current = engine_module.loss_sum, ModelEngine.train_step, [0, 0]
+
+    def numbered(self: ModelEngine, blocks: torch.Tensor, lr: float, n: int):  # noqa: ANN202
+        current[:] = [n, 0]  # the update whose microbatches follow (not the attention-kernel probe's pass)
+        return train_step(self, blocks, lr, n)
 
     def nan_in_update_3_then_stop(*args: object) -> torch.Tensor:
-        calls.append(1)
-        if len(calls) == 6:  # update 3's last microbatch
+        current[1] += 1
+        if current == [3, 2]:  # update 3's last microbatch
             signals.request_stop()
             return finite(*args) * float("nan")
         return finite(*args)
 
+    monkeypatch.setattr(ModelEngine, "train_step", numbered)
     monkeypatch.setattr(engine_module, "loss_sum", nan_in_update_3_then_stop)
     sets = (
         "runtime.deterministic=false",
