@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
+from tiny_llm.errors import ConfigError, DamagedFileError, DiskFullError, RunStateError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -89,18 +89,55 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     atomic_write_with(path, lambda handle: handle.write(data))
 
 
-@contextlib.contextmanager
-def replacing_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed."""
+OUTPUT_MARKER = ".tiny-llm-output"
+"""A file in every directory an ``--output`` command writes: it marks the directory as one it may replace."""
+
+
+def check_replaceable(output: str | os.PathLike[str], *, force: bool) -> None:
+    """Refuse an existing non-empty ``output`` unless it holds OUTPUT_MARKER and ``force`` is given:
+    a directory this project did not write is never deleted, and one it wrote only on request."""
     output = Path(output)
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise ConfigError(f"--output {output} exists and is not a directory; choose a new path")
+    if not output.exists() or not any(output.iterdir()):
+        return
+    if not (output / OUTPUT_MARKER).is_file():
+        raise ConfigError(
+            f"--output {output} is a non-empty directory that tiny-llm did not write; choose a new path"
+        )
+    if not force:
+        raise ConfigError(f"--output {output} already holds an earlier output; pass --force to replace it")
+
+
+@contextlib.contextmanager
+def replacing_directory(
+    output: str | os.PathLike[str], *, force: bool = False, marked: bool = True
+) -> Iterator[Path]:
+    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed.
+
+    ``marked``: the new directory gets OUTPUT_MARKER, and an existing ``output`` is replaced only as
+    check_replaceable allows (checked before and again just before the swap). Unmarked callers guard
+    ``output`` themselves."""
+    output = Path(output)
+    if marked:
+        check_replaceable(output, force=force)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         yield tmp
+        if marked:
+            (tmp / OUTPUT_MARKER).write_text("written by tiny-llm; replaced only with --force\n")
+            check_replaceable(output, force=force)
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private
         if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+            os.replace(
+                output, old / output.name
+            )  # out of the way first, so no reader sees a half-deleted tree
+            os.replace(tmp, output)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

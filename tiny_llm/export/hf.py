@@ -32,7 +32,7 @@ from tiny_llm.export.generate import generate, prompt_ids
 from tiny_llm.export.settings import PromptSet, SamplingConfig
 from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
-from tiny_llm.io import read_json, replacing_directory
+from tiny_llm.io import check_replaceable, read_json, replacing_directory
 from tiny_llm.model import Llama
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -165,12 +165,14 @@ def export_model(
     dtype: str = "float32",
     worker: int | None = None,
     prompts: PromptSet | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write the export directory ``output`` (replacing an older one); return its facts."""
+    """Write the export directory ``output`` (an older export only with ``force``); return its facts."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     checkpoint = Path(checkpoint)
     check_output(output, checkpoint)
+    check_replaceable(output, force=force)  # before any work
     state = checkpoint_state_dict(recipe, checkpoint, worker=worker)
     cache = open_cache(recipe.data.cache_dir, verify=False)
     cache.check_compatible(recipe)
@@ -178,7 +180,7 @@ def export_model(
     from safetensors.torch import save_file
 
     output = Path(output)
-    with replacing_directory(output) as tmp:
+    with replacing_directory(output, force=force) as tmp:
         facts = export_tokenizer(
             cache.path, tmp, eos_token_id=cache.eos_token_id, context_length=recipe.model.context_length
         )
