@@ -18,7 +18,7 @@ wildcard_constraints:
 rule analyze_checkpoint:
     input:
         ready=analysed_run_ready,
-        cache=ancient(PLAN.cache_dir),
+        cache=ancient(PLAN.cache_manifest),
     output:
         f"{ANALYSIS_DIR}/{{aname}}/{{atag}}/{{checkpoint}}-{{case}}/result.json",
     params:

@@ -47,7 +47,7 @@ if PLAN.campaign:
     rule train_campaign:
         input:
             recipe=ancient(f"{CAMPAIGN_ROOT}/{{stage}}/{{run}}/recipe.yaml"),
-            cache=ancient(PLAN.cache_dir),
+            cache=ancient(PLAN.cache_manifest),
         output:
             f"{CAMPAIGN_ROOT}/{{stage}}/{{run}}/result.json",
         params:

@@ -106,7 +106,7 @@ def all_candidates(wildcards) -> list[str]:
 
 
 def campaign_plan_inputs(wildcards) -> dict:
-    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.cache_dir)}
+    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.cache_manifest)}
 
 
 def campaign_stage_number(wildcards) -> int:

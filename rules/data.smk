@@ -37,7 +37,9 @@ rule prepare_cache:
     input:
         unpack(prepare_inputs),
     output:
-        directory(PLAN.cache_dir),
+        # its manifest, written last by the cache's own atomic publish: update() keeps Snakemake from
+        # deleting it before a rerun, which then validates and reuses the cache (or refuses a foreign one)
+        update(PLAN.cache_manifest),
     params:
         plan_files=plan_file_digest,
     log:

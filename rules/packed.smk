@@ -21,7 +21,7 @@ wildcard_constraints:
 rule train_packed:
     input:
         recipe=ancient(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
-        cache=PLAN.cache_dir,
+        cache=PLAN.cache_manifest,
     output:
         f"{PACKED_DIR}/{{packed_run}}/result.json",
     params:

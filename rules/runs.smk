@@ -8,7 +8,7 @@
 rule train_run:
     input:
         recipe=ancient(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
-        cache=PLAN.cache_dir,
+        cache=PLAN.cache_manifest,
     output:
         f"{RUNS_DIR}/{{run}}/result.json",
     params:

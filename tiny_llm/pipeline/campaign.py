@@ -137,9 +137,9 @@ class CampaignPlan:
         names = ("report.md", "comparison.json", "learning-curves.png")
         return self.selected() + [f"{self.root}/report/{name}" for name in names]
 
-    def plan_inputs(self, cache_dir: str) -> dict[str, str]:
+    def plan_inputs(self, cache: str) -> dict[str, str]:
         tuning = {f"tuning_{size}": path for size, path in self.config.tuning.items()}
-        return {"cache": cache_dir, **tuning}
+        return {"cache": cache, **tuning}
 
     def targets(self) -> list[str]:
         return self.report_files() + self.rankings()

@@ -31,3 +31,8 @@ def job_recipe(root: str, job: str) -> str:
 
 def job_result(root: str, job: str) -> str:
     return f"{root}/{job}/result.json"
+
+
+def cache_manifest(cache_dir: str) -> str:
+    """The token cache's manifest.json, written last when the cache is published: what rules depend on."""
+    return f"{cache_dir.rstrip('/')}/manifest.json"

@@ -27,6 +27,7 @@ from tiny_llm.pipeline.layout import (
     RUNS_DIR,
     RUNS_REPORT_DIR,
     TOKENIZER_DIR,
+    cache_manifest,
     job_recipe,
     job_result,
 )
@@ -66,6 +67,8 @@ class WorkflowPlan:
         self.book = RecipeBook(config)
         self.files = PlanFiles()
         self.cache_dir: str = config["data"]["cache_dir"]
+        self.cache_manifest = cache_manifest(self.cache_dir)
+        """The cache as rules name it: never a directory() output, which Snakemake deletes before a rerun."""
         self._cache_needs = [
             make_budget(self.book.size_recipe(size)).cache_tokens_needed for size in config["sizes"]
         ]
@@ -284,7 +287,7 @@ class WorkflowPlan:
     def targets(self, stage: str) -> list[str]:
         """A stage's final files (the named target of the same name)."""
         if stage == "data":
-            return [self.cache_dir]
+            return [self.cache_manifest]
         if stage == "runs":
             return (
                 self.run_results() + self.run_evaluations() + self.runs_report()

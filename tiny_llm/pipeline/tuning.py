@@ -10,7 +10,7 @@ import yaml
 from tiny_llm.bench.candidates import profile_from_dict, slot_names
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.files import PlanFiles
-from tiny_llm.pipeline.layout import tuning_dir, tuning_selected
+from tiny_llm.pipeline.layout import cache_manifest, tuning_dir, tuning_selected
 from tiny_llm.pipeline.recipes import RecipeBook, flatten, set_value
 
 # Workflow-only keys of a profile (the rest are tiny_llm.bench.candidates.TuningProfile fields).
@@ -85,7 +85,7 @@ class TuningPlan:
             "earlier": [self.candidate(name, s) for s in earlier],
         }
         if self.profiles[name]["data_mode"] == "real":
-            inputs["cache"] = self.book.config["data"]["cache_dir"]
+            inputs["cache"] = cache_manifest(self.book.config["data"]["cache_dir"])
         return inputs
 
     def candidates(self, name: str) -> list[str]:
