@@ -2,8 +2,11 @@
 # built once in the Snakefile). Functions only; the stage files hold the rules.
 #
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
-# are written by rule write_plan_file. Jobs read them as `ancient` inputs with the content's digest as a param,
-# so rewriting a file with the same content reruns nothing and a changed recipe reruns its job.
+# are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
+# job that reads one takes it as a plain input, so the same call that rewrites a recipe reruns its job (an
+# `ancient` input would not: Snakemake never re-checks a job downstream of one that reruns), and the content's
+# digest as a param (plan_digest). The trainer then sets aside a run of another recipe identity; a rewritten
+# recipe of the same identity only redoes its final validation from final.pt.
 
 import sys
 from pathlib import Path
@@ -13,6 +16,7 @@ from tiny_llm.pipeline import (
     CORPUS_DIR,
     PACKED_BENCH_DIR,
     PACKED_DIR,
+    PREPARE_RECIPE,
     PACKED_REPORT_DIR,
     RUNS_DIR,
     RUNS_REPORT_DIR,
@@ -33,8 +37,14 @@ def plan_file_content(wildcards) -> dict:
     return PLAN.files.content(wildcards.plan_file)
 
 
-def plan_file_digest(wildcards, input) -> str:
-    return PLAN.files.digest_of(input)
+def plan_digest(*paths: str):
+    """A params function: the content digests of the plan files among ``paths`` (wildcards filled in).
+    It takes wildcards only: Snakemake's params trigger ignores a param that takes ``input``."""
+
+    def digest(wildcards) -> str:
+        return PLAN.files.digest_of([path.format(**wildcards) for path in paths])
+
+    return digest
 
 
 def or_exit(ask, *args):
@@ -65,7 +75,7 @@ def runs_root(wildcards, input) -> str:
 
 
 def prepare_inputs(wildcards) -> dict:
-    return {**PLAN.prepare_inputs(), "recipe": ancient(PLAN.prepare_recipe())}
+    return {**PLAN.prepare_inputs(), "recipe": PLAN.prepare_recipe()}
 
 
 def prepare_runtime(wildcards, attempt) -> int:
@@ -83,7 +93,7 @@ def run_evaluate_flags(wildcards) -> str:
 
 
 def tuning_profile(wildcards) -> str:
-    return ancient(PLAN.tuning.profile_file(wildcards.profile))
+    return PLAN.tuning.profile_file(wildcards.profile)
 
 
 def candidate_inputs(wildcards) -> dict:
@@ -106,7 +116,7 @@ def all_candidates(wildcards) -> list[str]:
 
 
 def campaign_plan_inputs(wildcards) -> dict:
-    return {"settings": ancient(PLAN.campaign.settings_file), **PLAN.campaign.plan_inputs(PLAN.cache_manifest)}
+    return {"settings": PLAN.campaign.settings_file, **PLAN.campaign.plan_inputs(PLAN.cache_manifest)}
 
 
 def campaign_stage_number(wildcards) -> int:

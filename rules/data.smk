@@ -41,7 +41,7 @@ rule prepare_cache:
         # deleting it before a rerun, which then validates and reuses the cache (or refuses a foreign one)
         update(PLAN.cache_manifest),
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(PREPARE_RECIPE),
     log:
         "logs/prepare_cache/cache.log",
     threads: 2

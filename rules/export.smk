@@ -11,12 +11,12 @@
 rule export_run:
     input:
         result=f"{RUNS_DIR}/{{run}}/result.json",
-        prompts=ancient(EXPORT_PROMPTS),
+        prompts=EXPORT_PROMPTS,
     output:
         directory(f"{EXPORTS_DIR}/{{run}}"),
     params:
         run_dir=input_parent,
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(EXPORT_PROMPTS),
         dtype=config["export"]["dtype"],
     log:
         "logs/export_run/{run}.log",
@@ -36,11 +36,11 @@ rule export_run:
 rule export_best:
     input:
         ranking=export_ranking,
-        prompts=ancient(EXPORT_PROMPTS),
+        prompts=EXPORT_PROMPTS,
     output:
         directory(f"{EXPORTS_DIR}/best-{{size}}"),
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(EXPORT_PROMPTS),
         dtype=config["export"]["dtype"],
     log:
         "logs/export_best/{size}.log",

@@ -20,12 +20,12 @@ wildcard_constraints:
 
 rule train_packed:
     input:
-        recipe=ancient(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
-        cache=PLAN.cache_manifest,
+        recipe=f"{PACKED_DIR}/{{packed_run}}/recipe.yaml",
+        cache=ancient(PLAN.cache_manifest),
     output:
         f"{PACKED_DIR}/{{packed_run}}/result.json",
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
         numerics=NUMERICS_VERSION,
     log:
         "logs/train_packed/{packed_run}.log",
@@ -36,16 +36,16 @@ rule train_packed:
         "../envs/torch.yaml"
     shell:
         "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "> {log} 2>&1"
+        "--set-aside-changed > {log} 2>&1"
 
 
 rule bench_packed:
     input:
-        recipe=ancient(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
+        recipe=f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml",
     output:
         f"{PACKED_BENCH_DIR}/{{execution}}-n{{n}}-{{mode}}.json",
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
         protocol=PLAN.packed.bench_protocol() if PLAN.packed.bench else "",
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",

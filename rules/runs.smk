@@ -7,12 +7,12 @@
 
 rule train_run:
     input:
-        recipe=ancient(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
-        cache=PLAN.cache_manifest,
+        recipe=f"{RUNS_DIR}/{{run}}/recipe.yaml",
+        cache=ancient(PLAN.cache_manifest),
     output:
         f"{RUNS_DIR}/{{run}}/result.json",
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
         numerics=NUMERICS_VERSION,
     log:
         "logs/train_run/{run}.log",
@@ -23,7 +23,7 @@ rule train_run:
         "../envs/torch.yaml"
     shell:
         "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "> {log} 2>&1"
+        "--set-aside-changed > {log} 2>&1"
 
 
 rule evaluate_run:

@@ -17,7 +17,7 @@ rule plan_tuning:
     output:
         "results/{profile}-tuning/plan.json",
     params:
-        plan_files=plan_file_digest,
+        plan_files=plan_digest(PLAN.tuning.profile_file("{profile}")),
     log:
         "logs/plan_tuning/{profile}.log",
     localrule: True

@@ -161,6 +161,16 @@ def atomic_write_yaml(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False))
 
 
+REPLACED_INFIX = ".replaced-"
+"""A run directory whose recipe changed is kept as the sibling ``<run>.replaced-N``; reports skip it."""
+
+
+def is_replaced_run(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` (a run directory) is one set aside as ``<run>.replaced-N``."""
+    head, sep, tail = Path(path).name.rpartition(REPLACED_INFIX)
+    return bool(head and sep and tail.isdigit())
+
+
 REBUILD_HINT = "delete it and rerun the command that wrote it"
 
 

@@ -43,7 +43,7 @@ from tiny_llm.campaign import (
     loss_summary,
 )
 from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
-from tiny_llm.io import atomic_write_json, atomic_write_text, read_json_mapping, read_yaml
+from tiny_llm.io import atomic_write_json, atomic_write_text, is_replaced_run, read_json_mapping, read_yaml
 
 GIB = 1024**3
 TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
@@ -337,7 +337,7 @@ def collect_runs(runs_dir: str | Path) -> list[RunRecord]:
     root = Path(runs_dir)
     if not root.is_dir():
         raise DataError(f"runs directory not found: {root}")
-    found = sorted(p.parent for p in root.rglob("result.json"))
+    found = sorted(p.parent for p in root.rglob("result.json") if not is_replaced_run(p.parent))
     if not found:
         raise DataError(f"no finished runs (result.json) under {root}; train some runs first")
     sizes, shapes, members = _campaign_sizes(root), _preset_shapes(), _campaign_configurations(root)

@@ -3,9 +3,11 @@ nothing after a recipe edit, or let a path reach the shell unquoted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 from workflow_helpers import snakemake, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -26,3 +28,31 @@ def test_a_foreign_cache_dir_is_refused_and_kept(tmp_path: Path) -> None:
     assert sorted(p.name for p in foreign.iterdir()) == ["data.csv"]
     log = (tmp_path / "logs/prepare_cache/cache.log").read_text()
     assert f"data.cache_dir {foreign} exists but is not a token cache" in log
+
+
+def test_an_edited_run_retrains_in_one_call_and_only_that_run(tmp_path: Path) -> None:
+    runs = {"tiny-a": {"size": "tiny"}, "tiny-b": {"size": "tiny"}}
+    configfile = write_config(tmp_path / "tiny.yaml", tiny_config(**runs))
+    assert snakemake(tmp_path, configfile, "--cores", "1", "runs").returncode == 0
+    run_a, run_b = tmp_path / "results/runs/tiny-a", tmp_path / "results/runs/tiny-b"
+    old_a = json.loads((run_a / "result.json").read_text())
+    old_b = (run_b / "result.json").read_bytes()
+
+    runs["tiny-a"]["overrides"] = {"optimizer": {"lr": 0.002}}
+    write_config(configfile, tiny_config(**runs))
+    proc = snakemake(tmp_path, configfile, "--cores", "1", "runs")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    new_a = json.loads((run_a / "result.json").read_text())
+    assert new_a["recipe_identity"] != old_a["recipe_identity"]
+    assert yaml.safe_load((run_a / "resolved.yaml").read_text())["optimizer"]["lr"] == 0.002
+    assert (run_b / "result.json").read_bytes() == old_b  # tiny-b's recipe did not change
+    # the old run is set aside (all but result.json, a declared output that Snakemake deletes before a rerun)
+    aside = tmp_path / "results/runs/tiny-a.replaced-1"
+    assert json.loads((aside / "environment.json").read_text())["recipe_identity"] == old_a["recipe_identity"]
+    assert json.loads((aside / "status.json").read_text())["status"] == "complete"
+    assert (aside / "final.pt").is_file() and (aside / "metrics.jsonl").is_file()
+    assert not (run_a / "latest.pt").exists() or "resumed" not in (run_a / "run.log").read_text()
+    report = json.loads((tmp_path / "results/report/runs/comparison.json").read_text())
+    assert "tiny-a.replaced-1" not in json.dumps(report)
+    again = snakemake(tmp_path, configfile, "--cores", "1", "-n", "runs")
+    assert "Nothing to be done" in again.stdout + again.stderr
