@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,16 +228,59 @@ def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
         raise
 
 
+def private_directory(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a directory only this user can use: created 0700 when missing; OSError when it is a
+    symbolic link, not a directory, or another user's (a planted directory in a shared /tmp)."""
+    path = Path(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, "is a symbolic link", str(path))
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, "is not a directory", str(path))
+    if info.st_uid != os.getuid():
+        raise OSError(errno.EPERM, "not owned by you", str(path))
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours, but open to others: close it
+    return path
+
+
+def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """A read-write fd on the lock file ``path`` (created if missing), never through a symbolic link
+    (OSError ELOOP) and never on anything but a regular file (OSError EINVAL)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "is not a regular file", str(path))
+    return fd
+
+
+def note_lock_holder(fd: int) -> None:
+    """Write our PID into a held lock file, for people, only when the file is this user's alone (one
+    link): a lock file linked to someone's data is never truncated."""
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+
 @contextlib.contextmanager
 def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[None]:
     """Hold an exclusive, non-blocking flock on ``lock_path`` or fail at once.
 
     The kernel drops the lock when the process dies (even by SIGKILL), so a
-    stale lock file never blocks a rerun.
+    stale lock file never blocks a rerun. A symbolic link in its place is refused, not followed.
     """
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_lock_file(lock_path)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EINVAL):
+            raise
+        reason = "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file"
+        raise RunStateError(f"{what}: its lock {lock_path} is {reason}; remove it and rerun") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -244,8 +288,7 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
             raise RunStateError(
                 f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        note_lock_holder(fd)
         yield
     finally:
         os.close(fd)
