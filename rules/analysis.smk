@@ -33,8 +33,8 @@ rule analyze_checkpoint:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint} {params.flags} "
-        "--threads {threads} --output {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm analyze {params.source:q} --checkpoint {wildcards.checkpoint:q} {params.flags:q} "
+        "--threads {threads:q} --output {params.outdir:q} > {log:q} 2>&1"
 
 
 rule summarize_analysis:
@@ -70,5 +70,5 @@ rule summarize_analysis:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm analysis-summary --inputs {input} --output-dir {params.outdir} "
-        "{params.metrics} > {log} 2>&1"
+        "python -m tiny_llm analysis-summary --inputs {input:q} --output-dir {params.outdir:q} "
+        "{params.metrics:q} > {log:q} 2>&1"

@@ -42,7 +42,7 @@ if PLAN.campaign:
             "../envs/report.yaml"
         shell:
             # tee: the GPU-hour estimate is printed before any run starts, and kept in the log
-            "python -m tiny_llm campaign plan --settings {input.settings} 2>&1 | tee {log}"
+            "python -m tiny_llm campaign plan --settings {input.settings:q} 2>&1 | tee {log:q}"
 
     rule train_campaign:
         input:
@@ -64,8 +64,8 @@ if PLAN.campaign:
             "../envs/torch.yaml"
         shell:
             # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
-            "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto --record-divergence "
-            "> {log} 2>&1"
+            "python -m tiny_llm train --config {input.recipe:q} {params.threads:q} --resume auto --record-divergence "
+            "> {log:q} 2>&1"
 
     rule select_run:
         input:
@@ -85,8 +85,8 @@ if PLAN.campaign:
         conda:
             "../envs/report.yaml"
         shell:
-            "python -m tiny_llm campaign select --settings {input.settings} --stage {params.stage} "
-            "--run {wildcards.run} > {log} 2>&1"
+            "python -m tiny_llm campaign select --settings {input.settings:q} --stage {params.stage:q} "
+            "--run {wildcards.run:q} > {log:q} 2>&1"
 
     rule rank_stage:
         input:
@@ -104,7 +104,7 @@ if PLAN.campaign:
         conda:
             "../envs/report.yaml"
         shell:
-            "python -m tiny_llm campaign rank --settings {input.settings} --stage {params.stage} > {log} 2>&1"
+            "python -m tiny_llm campaign rank --settings {input.settings:q} --stage {params.stage:q} > {log:q} 2>&1"
 
     rule report_campaign:
         input:
@@ -134,11 +134,11 @@ if PLAN.campaign:
         params:
             runs=campaign_root,
             outdir=output_parent,
-            sizes=PLAN.campaign.report_flags(),
+            sizes=words(PLAN.campaign.report_flags()),
         log:
             "logs/report_campaign/campaign.log",
         localrule: True
         conda:
             "../envs/report.yaml"
         shell:
-            "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} {params.sizes} > {log} 2>&1"
+            "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} {params.sizes:q} > {log:q} 2>&1"

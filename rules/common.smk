@@ -8,6 +8,7 @@
 # digest as a param (plan_digest). The trainer then sets aside a run of another recipe identity; a rewritten
 # recipe of the same identity only redoes its final validation from final.pt.
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -45,6 +46,11 @@ def plan_digest(*paths: str):
         return PLAN.files.digest_of([path.format(**wildcards) for path in paths])
 
     return digest
+
+
+def words(flags: str) -> list[str]:
+    """A plan's option string as arguments, for a shell's `{params.x:q}` (every value is quoted there)."""
+    return shlex.split(flags)
 
 
 def or_exit(ask, *args):
@@ -85,8 +91,8 @@ def prepare_runtime(wildcards, attempt) -> int:
 # ----------------------------------------------------------------------------- plain runs
 
 
-def run_evaluate_flags(wildcards) -> str:
-    return PLAN.run_evaluate_flags(wildcards.run)
+def run_evaluate_flags(wildcards) -> list[str]:
+    return words(PLAN.run_evaluate_flags(wildcards.run))
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -143,8 +149,8 @@ def campaign_root(wildcards, output) -> str:
     return PLAN.campaign.root
 
 
-def campaign_thread_flags(wildcards, threads) -> str:
-    return PLAN.campaign.thread_flags(wildcards.run, threads)
+def campaign_thread_flags(wildcards, threads) -> list[str]:
+    return words(PLAN.campaign.thread_flags(wildcards.run, threads))
 
 
 # ----------------------------------------------------------------------------- export
@@ -161,18 +167,19 @@ def analysed_run_ready(wildcards) -> str:
     return PLAN.analysis.runs[wildcards.aname].ready
 
 
-def analysed_run_source(wildcards) -> str:
-    return PLAN.analysis.runs[wildcards.aname].source
+def analysed_run_source(wildcards) -> list[str]:
+    run = PLAN.analysis.runs[wildcards.aname]
+    return ["--best-of", run.ranking] if run.ranking else ["--run", run.run_dir]  # paths may hold spaces
 
 
-def analysis_flags(wildcards) -> str:
-    return PLAN.analysis.flags(wildcards.case)
+def analysis_flags(wildcards) -> list[str]:
+    return words(PLAN.analysis.flags(wildcards.case))
 
 
 def analysis_jobs(wildcards) -> list[str]:
     return PLAN.analysis.jobs(wildcards.aname)
 
 
-def analysis_metrics(wildcards) -> str:
+def analysis_metrics(wildcards) -> list[str]:
     run_dir = PLAN.analysis.runs[wildcards.aname].run_dir
-    return f"--metrics {run_dir}/metrics.jsonl" if run_dir else ""
+    return ["--metrics", f"{run_dir}/metrics.jsonl"] if run_dir else []

@@ -13,8 +13,8 @@ rule build_corpus:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm build-demo-corpus --output {output} "
-        "--validation-fraction {params.validation_fraction} > {log} 2>&1"
+        "python -m tiny_llm build-demo-corpus --output {output:q} "
+        "--validation-fraction {params.validation_fraction:q} > {log:q} 2>&1"
 
 
 rule train_tokenizer:
@@ -29,8 +29,8 @@ rule train_tokenizer:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm train-tokenizer --input {input.corpus} --vocab-size {params.vocab_size} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm train-tokenizer --input {input.corpus:q} --vocab-size {params.vocab_size:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule prepare_cache:
@@ -51,4 +51,4 @@ rule prepare_cache:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm prepare --config {input.recipe} > {log} 2>&1"
+        "python -m tiny_llm prepare --config {input.recipe:q} > {log:q} 2>&1"

@@ -29,8 +29,8 @@ rule export_run:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm export --run {params.run_dir} --prompts {input.prompts} --dtype {params.dtype} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm export --run {params.run_dir:q} --prompts {input.prompts:q} --dtype {params.dtype:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule export_best:
@@ -53,8 +53,8 @@ rule export_best:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm export --best-of {input.ranking} --prompts {input.prompts} --dtype {params.dtype} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm export --best-of {input.ranking:q} --prompts {input.prompts:q} --dtype {params.dtype:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule report_exports:
@@ -81,4 +81,4 @@ rule report_exports:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm samples --exports {input} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm samples --exports {input:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

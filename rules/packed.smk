@@ -35,8 +35,8 @@ rule train_packed:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "--set-aside-changed > {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed > {log:q} 2>&1"
 
 
 rule bench_packed:
@@ -46,7 +46,7 @@ rule bench_packed:
         f"{PACKED_BENCH_DIR}/{{execution}}-n{{n}}-{{mode}}.json",
     params:
         plan_files=plan_digest(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
-        protocol=PLAN.packed.bench_protocol() if PLAN.packed.bench else "",
+        protocol=words(PLAN.packed.bench_protocol()) if PLAN.packed.bench else [],
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
     threads: PLAN.threads("bench")  # locally all cores: nothing runs beside a timed job
@@ -55,8 +55,8 @@ rule bench_packed:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --execution {wildcards.execution} "
-        "{params.protocol} --output {output} > {log} 2>&1"
+        "python -m tiny_llm benchmark-packed-worker --config {input.recipe:q} --execution {wildcards.execution:q} "
+        "{params.protocol:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule summarize_packed_bench:
@@ -75,8 +75,8 @@ rule summarize_packed_bench:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm benchmark-packed-summary --inputs {input} --output {output.summary} "
-        "--plot {output.plot} > {log} 2>&1"
+        "python -m tiny_llm benchmark-packed-summary --inputs {input:q} --output {output.summary:q} "
+        "--plot {output.plot:q} > {log:q} 2>&1"
 
 
 rule report_packed:
@@ -104,4 +104,4 @@ rule report_packed:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

@@ -22,8 +22,8 @@ rule train_run:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "--set-aside-changed > {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed > {log:q} 2>&1"
 
 
 rule evaluate_run:
@@ -42,8 +42,8 @@ rule evaluate_run:
     conda:
         "../envs/torch.yaml"
     shell:
-        "python -m tiny_llm evaluate --config {params.run_dir}/resolved.yaml "
-        "--checkpoint {params.run_dir}/final.pt {params.full} --output {output} > {log} 2>&1"
+        "python -m tiny_llm evaluate --config {params.run_dir:q}/resolved.yaml "
+        "--checkpoint {params.run_dir:q}/final.pt {params.full:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule plot_curves:
@@ -71,4 +71,4 @@ rule plot_curves:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

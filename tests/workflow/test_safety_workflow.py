@@ -4,6 +4,7 @@ nothing after a recipe edit, or let a path reach the shell unquoted."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,43 @@ def test_an_edited_run_retrains_in_one_call_and_only_that_run(tmp_path: Path) ->
     assert "tiny-a.replaced-1" not in json.dumps(report)
     again = snakemake(tmp_path, configfile, "--cores", "1", "-n", "runs")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+HOSTILE = "my data 'q\" $(touch PWNED)"
+
+
+def tiny_c4_corpus(path: Path) -> Path:
+    from tiny_llm.data.corpus import demo_documents, split_documents, write_c4_dir
+
+    train, validation = split_documents(demo_documents(200_000), 0.1)
+    write_c4_dir(path, train, validation)
+    return path
+
+
+def tool_commands(output: str) -> list[list[str]]:
+    """Every `python -m tiny_llm` command Snakemake printed, split as the shell splits it."""
+    lines = (line.strip().removeprefix("Shell command: ") for line in output.splitlines())
+    return [shlex.split(line) for line in lines if line.startswith("python -m tiny_llm")]
+
+
+def test_paths_with_spaces_quotes_and_substitutions_reach_the_shell_quoted(tmp_path: Path) -> None:
+    from test_campaign_workflow import campaign_config
+
+    corpus = tiny_c4_corpus(tmp_path / f"corpus {HOSTILE}")
+    config = campaign_config()
+    config["data"]["corpus"] = str(corpus)
+    config["campaign"]["output_dir"] = f"results/campaign {HOSTILE}"
+    configfile = write_config(tmp_path / "hostile.yaml", config)
+    dry = snakemake(tmp_path, configfile, "-n", "-p", "campaign")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    commands = tool_commands(dry.stdout)
+    assert {command[3] for command in commands} >= {"train-tokenizer", "campaign", "train", "report"}
+    words = [word for command in commands for word in command]
+    assert str(corpus) in words  # one argument each, exactly as configured
+    assert any(word.startswith(f"results/campaign {HOSTILE}/") for word in words)
+    assert not [word for word in words if "PWNED" in word and HOSTILE not in word]  # never split apart
+
+    real = snakemake(tmp_path, configfile, "--cores", "1", "results/data/tokenizer")  # one real job
+    assert real.returncode == 0, real.stderr[-2000:]
+    assert (tmp_path / "results/data/tokenizer/tokenizer.json").is_file()
+    assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
