@@ -10,7 +10,7 @@ every file of the tuning DAG is known before anything runs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
@@ -253,8 +253,6 @@ class Plan:
     min_start_seconds: float
     require_gpu_name: str | None = None
     allow_other_gpu: bool = False
-    worker_command: list[str] = field(default_factory=list)
-    """Empty = this Python's ``-m tiny_llm benchmark-worker``; tests substitute a fake worker."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,7 +264,7 @@ class Plan:
         raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}")
 
 
-def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -> Plan:
+def make_plan(profile: TuningProfile) -> Plan:
     recipe = base_recipe(profile)
     return Plan(
         profile=profile.name,
@@ -281,11 +279,13 @@ def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -
         min_start_seconds=profile.min_start_seconds,
         require_gpu_name=profile.require_gpu_name,
         allow_other_gpu=profile.allow_other_gpu,
-        worker_command=list(worker_command or []),
     )
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:
+    """A plan read back from plan.json; a command in it (older plans had a test hook) is never taken: whoever
+    can write the file must not choose what the tuner runs."""
+    data = {k: v for k, v in data.items() if k != "worker_command"}
     slots = [Slot(**s) for s in data["slots"]]
     return Plan(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
 
