@@ -71,3 +71,37 @@ def test_nan_and_infinity_fail_the_workflow_schema(value: float) -> None:
     config["sizes"]["tiny"]["overrides"] = {"optimizer": {"lr": value}}
     with pytest.raises(ConfigError, match="lr"):
         plan_of(config)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "max_new_tokens: .inf",
+        "max_new_tokens: .nan",
+        "top_k: .inf",
+        "seed: 1e300",
+        "seed: -1",
+        "temperature: .nan",
+    ],
+)
+def test_odd_numbers_in_a_prompt_file_are_one_line(tmp_path, setting: str) -> None:
+    from tiny_llm.errors import ConfigError
+    from tiny_llm.export.settings import load_prompts
+
+    path = tmp_path / "prompts.yaml"
+    path.write_text(f"prompts: [The history of]\n{setting}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_prompts(path)
+    assert str(err.value).startswith(f"prompt file {path}: {setting.split(':')[0]}") and "\n" not in str(
+        err.value
+    )
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_line(tmp_path) -> None:
+    from tiny_llm.errors import ConfigError
+    from tiny_llm.export.settings import load_prompts
+
+    path = tmp_path / "prompts.yaml"
+    path.write_bytes("prompts: [Caf\u00e9]\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"prompt file .*: not UTF-8 text \(byte 0xe9 at offset 13\)"):
+        load_prompts(path)
