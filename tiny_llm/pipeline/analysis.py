@@ -103,6 +103,12 @@ class AnalysisPlan:
         if not checkpoints:
             raise ConfigError(f"{where}: the run saves no checkpoint (checkpoint_policy none)")
         run_dir = "" if ranking else (run_dir or f"{folder}/{run}")
+        other = self.runs.get(name)
+        if other is not None and (other.run_dir, other.ranking) != (run_dir, ranking):
+            raise ConfigError(
+                f"{where}: its results would go to {ANALYSIS_DIR}/{name}, which another analysed run "
+                f"({other.run_dir or other.ranking}) writes; rename one of the runs"
+            )
         self.runs[name] = AnalysedRun(name, run_dir, recipe, checkpoints, ranking)
         return cache_tokens_needed(recipe, tuple(self.cases()))
 

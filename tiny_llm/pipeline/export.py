@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from tiny_llm.campaign import ranking_path, stage_name
+from tiny_llm.errors import ConfigError
 from tiny_llm.export.settings import sampling_from_dict
 from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.files import PlanFiles
@@ -22,6 +23,13 @@ class ExportPlan:
         self.section = section
         self.runs = list(runs) if section["runs"] else []
         self.best = self._best_rankings(campaign) if section["campaign"] and campaign else {}
+        taken = set(self.runs) & {f"best-{size}" for size in self.best}
+        if taken:
+            name = sorted(taken)[0]
+            raise ConfigError(
+                f"runs: run {name} and the best run of campaign size {name[5:]} would both export to "
+                f"{EXPORTS_DIR}/{name}; rename the run or set export.runs or export.campaign to false"
+            )
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
         files.add(PROMPTS_FILE, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 
