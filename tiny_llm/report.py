@@ -188,11 +188,11 @@ def _stage_order(stage: str | None) -> tuple[int, str]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl; a torn last line (a crash mid-write) is skipped."""
+    """Rows of a metrics.jsonl; a line that is not a JSON object (torn by a crash, damaged) is skipped."""
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

@@ -270,6 +270,22 @@ def test_set_aside_states_never_overwrite_each_other(tmp_path: Path) -> None:
     assert len({(tmp_path / name).stat().st_size for name in kept}) == 3
 
 
+def test_one_bad_line_in_the_middle_of_metrics_drops_only_that_line(tmp_path: Path) -> None:
+    from tiny_llm.train.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"event": "train", "step": step, "loss": 1.0 / step} for step in range(1, 6)]
+    lines = [json.dumps(row) for row in rows]
+    lines[2] = '{"event": "train", "st\x00\xff'  # damaged in place
+    path.write_text(
+        "\n".join([*lines[:3], "[1, 2]", *lines[3:]]) + "\n", encoding="utf-8", errors="surrogateescape"
+    )
+    log = MetricsLog(path)
+    assert [row["step"] for row in log.rows()] == [1, 2, 4, 5]
+    log.truncate_to_step(4)
+    assert [row["step"] for row in log.rows()] == [1, 2, 4]
+
+
 # ----------------------------------------------------------------------------- training runs (slow)
 
 

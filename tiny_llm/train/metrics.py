@@ -26,9 +26,11 @@ class MetricsLog:
         rows = []
         for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                break  # a torn last line from a killed process (or a full disk): resuming rewrites it
+                continue  # a torn line (a killed writer, a full disk) or one damaged later: only it is lost
+            if isinstance(row, dict):
+                rows.append(row)
         return rows
 
     def truncate_to_step(self, step: int) -> None:
