@@ -436,3 +436,17 @@ def test_export_replaces_an_earlier_export_only_with_force(tiny_run, tmp_path, c
     assert (output / "README.md").read_text() == "edited"
     assert main([*args, "--force"]) == 0
     assert (output / "README.md").read_text() != "edited"
+
+
+def test_an_export_embeds_no_absolute_local_path(tiny_export, tiny_run, tiny_recipe_args, tmp_path_factory):
+    base = str(tmp_path_factory.getbasetemp())  # every path of the run, its cache, corpus and tokenizer
+    leaks = {}
+    for path in tiny_export.iterdir():
+        if path.suffix == ".safetensors":
+            text = json.dumps(__import__("safetensors").safe_open(str(path), "pt").metadata())
+        else:
+            text = path.read_text(encoding="utf-8")
+        for local in (base, str(Path.home()), str(Path.cwd())):
+            if local in text:
+                leaks[path.name] = local
+    assert leaks == {}

@@ -25,7 +25,7 @@ import torch
 from tiny_llm.budget import parameter_count
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.data.cache import open_cache
-from tiny_llm.data.tokenizer import load_tokenizer
+from tiny_llm.data.tokenizer import is_local_reference, load_tokenizer
 from tiny_llm.errors import ConfigError, DataError
 from tiny_llm.export.card import EXPORT_FILE, EXPORT_FORMAT, EXPORT_VERSION, model_card
 from tiny_llm.export.generate import generate, prompt_ids
@@ -107,6 +107,14 @@ def training_facts(result: dict[str, Any] | None) -> dict[str, Any] | None:
         "validation_complete": final.get("validation_complete"),
         "status": result.get("status", "complete"),
     }
+
+
+def portable_reference(name: str | None) -> str | None:
+    """A hub id as it is; a local file or directory by its name only: an export leaves the machine, and its
+    files name nothing of the local file system."""
+    if name is None or not is_local_reference(name):
+        return name
+    return f"local {Path(name).expanduser().name or name}"
 
 
 def recipe_facts(recipe: RecipeConfig) -> dict[str, Any]:
@@ -218,14 +226,14 @@ def export_model(
             "recipe": recipe_facts(recipe),
             "recipe_identity": recipe_identity(recipe, cache.identity),
             "weights": weights,
-            "checkpoint": str(checkpoint),
+            "checkpoint": f"{checkpoint.parent.name}/{checkpoint.name}",  # the run and file, no local path
             "worker": worker,
             "dtype": dtype,
             "training": training_facts(find_result(checkpoint, recipe)),
             "cache": {
                 "identity": cache.identity,
-                "dataset": cache.manifest.get("dataset"),
-                "tokenizer": cache.manifest.get("tokenizer"),
+                "dataset": portable_reference(cache.manifest.get("dataset")),
+                "tokenizer": portable_reference(cache.manifest.get("tokenizer")),
                 "tokenizer_revision": cache.manifest.get("tokenizer_revision"),
                 "vocab_size": cache.vocab_size,
                 "eos_token_id": cache.eos_token_id,
