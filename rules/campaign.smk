@@ -31,7 +31,6 @@ if PLAN.campaign:
             templates=PLAN.campaign.templates(),
             recipes=PLAN.campaign.recipes("stage1"),
         params:
-            plan_files=plan_digest(PLAN.campaign.settings_file),
             estimate=PLAN.campaign.estimate_text,
         log:
             "logs/plan_campaign/campaign.log",

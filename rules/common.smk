@@ -4,9 +4,9 @@
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
 # are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
 # job that reads one takes it as a plain input, so the same call that rewrites a recipe reruns its job (an
-# `ancient` input would not: Snakemake never re-checks a job downstream of one that reruns), and the content's
-# digest as a param (plan_digest). The trainer then sets aside a run of another recipe identity; a rewritten
-# recipe of the same identity only redoes its final validation from final.pt.
+# `ancient` input would not: Snakemake never re-checks a job downstream of one that reruns, and a params
+# function taking `input` is not a params trigger). The trainer then sets aside a run of another recipe
+# identity; a rewritten recipe of the same identity only redoes its final validation from final.pt.
 
 import shlex
 import sys
@@ -17,7 +17,6 @@ from tiny_llm.pipeline import (
     CORPUS_DIR,
     PACKED_BENCH_DIR,
     PACKED_DIR,
-    PREPARE_RECIPE,
     PACKED_REPORT_DIR,
     RUNS_DIR,
     RUNS_REPORT_DIR,
@@ -36,16 +35,6 @@ wildcard_constraints:
 
 def plan_file_content(wildcards) -> dict:
     return PLAN.files.content(wildcards.plan_file)
-
-
-def plan_digest(*paths: str):
-    """A params function: the content digests of the plan files among ``paths`` (wildcards filled in).
-    It takes wildcards only: Snakemake's params trigger ignores a param that takes ``input``."""
-
-    def digest(wildcards) -> str:
-        return PLAN.files.digest_of([path.format(**wildcards) for path in paths])
-
-    return digest
 
 
 def words(flags: str) -> list[str]:

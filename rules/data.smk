@@ -40,8 +40,6 @@ rule prepare_cache:
         # its manifest, written last by the cache's own atomic publish: update() keeps Snakemake from
         # deleting it before a rerun, which then validates and reuses the cache (or refuses a foreign one)
         update(PLAN.cache_manifest),
-    params:
-        plan_files=plan_digest(PREPARE_RECIPE),
     log:
         "logs/prepare_cache/cache.log",
     threads: 2

@@ -16,7 +16,6 @@ rule export_run:
         directory(f"{EXPORTS_DIR}/{{run}}"),
     params:
         run_dir=input_parent,
-        plan_files=plan_digest(EXPORT_PROMPTS),
         dtype=config["export"]["dtype"],
     log:
         "logs/export_run/{run}.log",
@@ -40,7 +39,6 @@ rule export_best:
     output:
         directory(f"{EXPORTS_DIR}/best-{{size}}"),
     params:
-        plan_files=plan_digest(EXPORT_PROMPTS),
         dtype=config["export"]["dtype"],
     log:
         "logs/export_best/{size}.log",

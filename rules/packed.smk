@@ -25,7 +25,6 @@ rule train_packed:
     output:
         f"{PACKED_DIR}/{{packed_run}}/result.json",
     params:
-        plan_files=plan_digest(f"{PACKED_DIR}/{{packed_run}}/recipe.yaml"),
         numerics=NUMERICS_VERSION,
     log:
         "logs/train_packed/{packed_run}.log",
@@ -45,7 +44,6 @@ rule bench_packed:
     output:
         f"{PACKED_BENCH_DIR}/{{execution}}-n{{n}}-{{mode}}.json",
     params:
-        plan_files=plan_digest(f"{PACKED_BENCH_DIR}/n{{n}}-{{mode}}/recipe.yaml"),
         protocol=words(PLAN.packed.bench_protocol()) if PLAN.packed.bench else [],
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",

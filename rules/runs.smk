@@ -12,7 +12,6 @@ rule train_run:
     output:
         f"{RUNS_DIR}/{{run}}/result.json",
     params:
-        plan_files=plan_digest(f"{RUNS_DIR}/{{run}}/recipe.yaml"),
         numerics=NUMERICS_VERSION,
     log:
         "logs/train_run/{run}.log",

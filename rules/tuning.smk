@@ -16,8 +16,6 @@ rule plan_tuning:
         profile=tuning_profile,
     output:
         "results/{profile}-tuning/plan.json",
-    params:
-        plan_files=plan_digest(PLAN.tuning.profile_file("{profile}")),
     log:
         "logs/plan_tuning/{profile}.log",
     localrule: True
