@@ -204,9 +204,8 @@ def test_tuning_profile_file_and_slots() -> None:
     assert profile["configs"] == ["20m"] and not any("batch" in s for s in profile["sets"])
     assert "s1-m128-compile" in plan.tuning.slot_names("gh200")  # the reference's 20m production setting
     inputs = plan.tuning.candidate_inputs("gh200", "s1-m8-compile")
-    assert (
-        inputs["plan"] == "results/gh200-tuning/plan.json" and inputs["cache"] == "results/data/c4-tinyllama/manifest.json"
-    )
+    assert inputs["plan"] == "results/gh200-tuning/plan.json"
+    assert inputs["cache"] == "results/data/c4-tinyllama/manifest.json"
     assert len(inputs["earlier"]) == plan.tuning.slot_names("gh200").index("s1-m8-compile")
     with pytest.raises(ConfigError, match="tuning profile 'nope' is not defined"):
         plan.tuning.candidates("nope")

@@ -33,7 +33,8 @@ def test_torch_floor_covers_the_apis_the_library_calls() -> None:
 
 # What the library relies on to be safe -> the first torch release where it is.
 SAFE_SINCE = {
-    "weights_only=True": (2, 10),  # the restricted unpickler of torch.load: a code-execution flaw fixed in 2.10
+    # torch.load's restricted unpickler: a code-execution flaw fixed in 2.10
+    "weights_only=True": (2, 10),
 }
 
 

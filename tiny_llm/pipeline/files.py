@@ -1,7 +1,7 @@
 """Files whose content the plan decides (recipes, tuning profiles, campaign settings), and their digests.
 
-A rule writes each one, only when its content changes (the content is that rule's param); the jobs that read it
-take it as a plain input, so the call that rewrites a file also reruns them.
+A rule writes each one, only when its content changes (the content is that rule's param); the jobs that read
+it take it as a plain input, so the call that rewrites a file also reruns them.
 """
 
 from __future__ import annotations
