@@ -26,9 +26,18 @@ def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
     return ModelEngine(recipe, device)
 
 
-def run_training(recipe: RecipeConfig, resume: str | None = None, quiet: bool = False) -> int:
-    """Train ``recipe`` into runtime.output_dir (exit codes: ``tiny_llm.train.loop``)."""
-    return loop.run_training(recipe, build_engine, resume=resume, quiet=quiet)
+def run_training(
+    recipe: RecipeConfig,
+    resume: str | None = None,
+    quiet: bool = False,
+    *,
+    set_aside_changed: bool = False,
+    keep: tuple[Path, ...] = (),
+) -> int:
+    """Train ``recipe`` into runtime.output_dir (exit codes, set_aside_changed: ``tiny_llm.train.loop``)."""
+    return loop.run_training(
+        recipe, build_engine, resume=resume, quiet=quiet, set_aside_changed=set_aside_changed, keep=keep
+    )
 
 
 def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_llm.engines import evaluate_checkpoint
 
 from tiny_llm.config import load_recipe
+from tiny_llm.engines import evaluate_checkpoint
 from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_losses
 from tiny_llm.runtime.engine import write_safetensors
 from tiny_llm.train import evaluate
