@@ -20,7 +20,7 @@ wildcard_constraints:
 rule analyze_checkpoint:
     input:
         ready=analysed_run_ready,
-        cache=ancient(PLAN.data.cache_dir),
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         ANALYSIS_JOB,
     log:
@@ -35,8 +35,8 @@ rule analyze_checkpoint:
         flags=analysis_flags,
         outdir=output_parent,
     shell:
-        "python -m tiny_llm analyze {params.source} --checkpoint {wildcards.checkpoint_name} {params.flags} "
-        "--threads {threads} --output {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm analyze {params.source:q} --checkpoint {wildcards.checkpoint_name:q} {params.flags:q} "
+        "--threads {threads:q} --output {params.outdir:q} > {log:q} 2>&1"
 
 
 rule summarize_analysis:
@@ -72,5 +72,5 @@ rule summarize_analysis:
         outdir=output_parent,
         metrics=analysis_metrics,
     shell:
-        "python -m tiny_llm analysis-summary --inputs {input} --output-dir {params.outdir} "
-        "{params.metrics} > {log} 2>&1"
+        "python -m tiny_llm analysis-summary --inputs {input:q} --output-dir {params.outdir:q} "
+        "{params.metrics:q} > {log:q} 2>&1"

@@ -34,19 +34,18 @@ rule plan_campaign:
     conda:
         "../envs/report.yaml"
     params:
-        plan_files=plan_file_digest,
         estimate=PLAN.campaign.estimate_text,
     message:
         "Plan the campaign in {CAMPAIGN_ROOT}; GPU-hour estimate (training only):\n{params.estimate}"
     shell:
         # tee: the GPU-hour estimate is printed before any run starts, and kept in the log
-        "python -m tiny_llm campaign plan --settings {input.settings} 2>&1 | tee {log}"
+        "python -m tiny_llm campaign plan --settings {input.settings:q} 2>&1 | tee {log:q}"
 
 
 rule train_campaign:
     input:
         recipe=ancient(CAMPAIGN_FILES.recipe),
-        cache=ancient(PLAN.data.cache_dir),
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         CAMPAIGN_FILES.result,
     log:
@@ -63,8 +62,8 @@ rule train_campaign:
         threads=campaign_thread_flags,
     shell:
         # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
-        "python -m tiny_llm train --config {input.recipe} {params.threads} --resume auto --record-divergence "
-        "> {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} {params.threads:q} --resume auto --record-divergence "
+        "> {log:q} 2>&1"
 
 
 rule select_run:
@@ -85,8 +84,8 @@ rule select_run:
     params:
         stage=campaign_stage_number,
     shell:
-        "python -m tiny_llm campaign select --settings {input.settings} --stage {params.stage} "
-        "--run {wildcards.run} > {log} 2>&1"
+        "python -m tiny_llm campaign select --settings {input.settings:q} --stage {params.stage:q} "
+        "--run {wildcards.run:q} > {log:q} 2>&1"
 
 
 rule rank_stage:
@@ -105,7 +104,7 @@ rule rank_stage:
     params:
         stage=campaign_stage_number,
     shell:
-        "python -m tiny_llm campaign rank --settings {input.settings} --stage {params.stage} > {log} 2>&1"
+        "python -m tiny_llm campaign rank --settings {input.settings:q} --stage {params.stage:q} > {log:q} 2>&1"
 
 
 rule report_campaign:
@@ -141,6 +140,6 @@ rule report_campaign:
     params:
         runs=campaign_root,
         outdir=output_parent,
-        sizes=PLAN.campaign.report_flags(),
+        sizes=words(PLAN.campaign.report_flags()),
     shell:
-        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} {params.sizes} > {log} 2>&1"
+        "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} {params.sizes:q} > {log:q} 2>&1"

@@ -2,9 +2,13 @@
 # built once in the Snakefile). Functions only; the stage files hold the rules.
 #
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
-# are written by rule write_plan_file. Jobs read them as `ancient` inputs with the content's digest as a param,
-# so rewriting a file with the same content reruns nothing and a changed recipe reruns its job.
+# are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
+# job that reads one takes it as a plain input, so the same call that rewrites a recipe reruns its job (an
+# `ancient` input would not: Snakemake never re-checks a job downstream of one that reruns, and a params
+# function taking `input` is not a params trigger). The trainer then sets aside a run of another recipe
+# identity; a rewritten recipe of the same identity only redoes its final validation from final.pt.
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -64,8 +68,9 @@ def plan_file_content(wildcards) -> dict:
     return PLAN.files.content(wildcards.plan_file)
 
 
-def plan_file_digest(wildcards, input) -> str:
-    return PLAN.files.digest_of(input)
+def words(flags: str) -> list[str]:
+    """A plan's option string as arguments, for a shell's `{params.x:q}` (every value is quoted there)."""
+    return shlex.split(flags)
 
 
 def or_exit(ask, *args):
@@ -95,21 +100,21 @@ def runs_root(wildcards, input) -> str:
 
 
 def prepare_inputs(wildcards) -> dict:
-    return {**PLAN.data.prepare_inputs(), "recipe": ancient(PLAN.data.prepare_recipe())}
+    return {**PLAN.data.prepare_inputs(), "recipe": PLAN.data.prepare_recipe()}
 
 
 # ----------------------------------------------------------------------------- plain runs
 
 
-def run_evaluate_flags(wildcards) -> str:
-    return or_exit(PLAN.runs.evaluate_flags, wildcards.run)
+def run_evaluate_flags(wildcards) -> list[str]:
+    return words(or_exit(PLAN.runs.evaluate_flags, wildcards.run))
 
 
 # ----------------------------------------------------------------------------- tuning
 
 
 def tuning_profile(wildcards) -> str:
-    return ancient(PLAN.tuning.profile_file(wildcards.profile))
+    return PLAN.tuning.profile_file(wildcards.profile)
 
 
 def candidate_inputs(wildcards) -> dict:
@@ -132,10 +137,7 @@ def all_candidates(wildcards) -> list[str]:
 
 
 def campaign_plan_inputs(wildcards) -> dict:
-    return {
-        "settings": ancient(PLAN.campaign.settings_file),
-        **PLAN.campaign.plan_inputs(PLAN.data.cache_dir),
-    }
+    return {"settings": PLAN.campaign.settings_file, **PLAN.campaign.plan_inputs(PLAN.data.cache_manifest)}
 
 
 def campaign_stage_number(wildcards) -> int:
@@ -162,8 +164,8 @@ def campaign_root(wildcards, output) -> str:
     return PLAN.campaign.root
 
 
-def campaign_thread_flags(wildcards, threads) -> str:
-    return PLAN.campaign.thread_flags(wildcards.run, threads)
+def campaign_thread_flags(wildcards, threads) -> list[str]:
+    return words(PLAN.campaign.thread_flags(wildcards.run, threads))
 
 
 # ----------------------------------------------------------------------------- export
@@ -180,19 +182,19 @@ def analysed_run_ready(wildcards) -> str:
     return or_exit(PLAN.analysis.run, wildcards.analysed_run).ready
 
 
-def analysed_run_source(wildcards) -> str:
+def analysed_run_source(wildcards) -> list[str]:
     return PLAN.analysis.run(wildcards.analysed_run).source
 
 
-def analysis_flags(wildcards) -> str:
-    return PLAN.analysis.flags(wildcards.case)
+def analysis_flags(wildcards) -> list[str]:
+    return words(PLAN.analysis.flags(wildcards.case))
 
 
 def analysis_jobs(wildcards) -> list[str]:
     return or_exit(PLAN.analysis.jobs, wildcards.analysed_run)
 
 
-def analysis_metrics(wildcards) -> str:
+def analysis_metrics(wildcards) -> list[str]:
     return PLAN.analysis.run(wildcards.analysed_run).metrics_flag
 
 

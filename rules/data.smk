@@ -13,8 +13,8 @@ rule build_corpus:
     params:
         validation_fraction=config["data"]["validation_fraction"],
     shell:
-        "python -m tiny_llm build-demo-corpus --output {output} "
-        "--validation-fraction {params.validation_fraction} > {log} 2>&1"
+        "python -m tiny_llm build-demo-corpus --output {output:q} "
+        "--validation-fraction {params.validation_fraction:q} > {log:q} 2>&1"
 
 
 rule train_tokenizer:
@@ -29,15 +29,17 @@ rule train_tokenizer:
     params:
         vocab_size=PLAN.data.tokenizer_vocab_size(),
     shell:
-        "python -m tiny_llm train-tokenizer --input {input.corpus} --vocab-size {params.vocab_size} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm train-tokenizer --input {input.corpus:q} --vocab-size {params.vocab_size:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule prepare_cache:
     input:
         unpack(prepare_inputs),
     output:
-        directory(PLAN.data.cache_dir),
+        # its manifest, written last by the cache's own atomic publish: update() keeps Snakemake from
+        # deleting it before a rerun, which then validates and reuses the cache (or refuses a foreign one)
+        update(PLAN.data.cache_manifest),
     log:
         "logs/prepare_cache/cache.log",
     conda:
@@ -45,7 +47,5 @@ rule prepare_cache:
     threads: PLAN.threads("data")
     resources:
         **PLAN.resources("data"),
-    params:
-        plan_files=plan_file_digest,
     shell:
-        "python -m tiny_llm prepare --config {input.recipe} > {log} 2>&1"
+        "python -m tiny_llm prepare --config {input.recipe:q} > {log:q} 2>&1"

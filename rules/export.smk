@@ -17,7 +17,7 @@ ruleorder: write_plan_file > export_best > export_run
 rule export_run:
     input:
         result=RUN_RESULT,
-        prompts=ancient(EXPORT_PROMPTS),
+        prompts=EXPORT_PROMPTS,
     output:
         directory(EXPORT_RUN),
     log:
@@ -29,17 +29,16 @@ rule export_run:
         **PLAN.resources("export"),
     params:
         run_dir=input_parent,
-        plan_files=plan_file_digest,
-        options=PLAN.export.options(),
+        options=words(PLAN.export.options()),
     shell:
-        "python -m tiny_llm export --run {params.run_dir} --prompts {input.prompts} {params.options} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm export --run {params.run_dir:q} --prompts {input.prompts:q} {params.options:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule export_best:
     input:
         ranking=export_ranking,
-        prompts=ancient(EXPORT_PROMPTS),
+        prompts=EXPORT_PROMPTS,
     output:
         directory(EXPORT_BEST),
     log:
@@ -50,11 +49,10 @@ rule export_best:
     resources:
         **PLAN.resources("export"),
     params:
-        plan_files=plan_file_digest,
-        options=PLAN.export.options(),
+        options=words(PLAN.export.options()),
     shell:
-        "python -m tiny_llm export --best-of {input.ranking} --prompts {input.prompts} {params.options} "
-        "--output {output} > {log} 2>&1"
+        "python -m tiny_llm export --best-of {input.ranking:q} --prompts {input.prompts:q} {params.options:q} "
+        "--output {output:q} > {log:q} 2>&1"
 
 
 rule report_exports:
@@ -81,4 +79,4 @@ rule report_exports:
     params:
         outdir=output_parent,
     shell:
-        "python -m tiny_llm samples --exports {input} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm samples --exports {input:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

@@ -18,8 +18,8 @@ wildcard_constraints:
 
 rule train_trunk:
     input:
-        recipe=ancient(HORIZONS_TRUNK_RECIPE),
-        cache=PLAN.data.cache_dir,
+        recipe=HORIZONS_TRUNK_RECIPE,
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         HORIZONS_TRUNK_STOPPED,
     log:
@@ -30,19 +30,18 @@ rule train_trunk:
     resources:
         **PLAN.resources("horizons"),
     params:
-        plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
-        flags=PLAN.horizons.trunk_flags(),
+        flags=words(PLAN.horizons.trunk_flags()),
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "{params.flags} > {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed {params.flags:q} > {log:q} 2>&1"
 
 
 rule train_branch:
     input:
-        recipe=ancient(HORIZONS_BRANCH_RECIPE),
+        recipe=HORIZONS_BRANCH_RECIPE,
         trunk=HORIZONS_TRUNK_STOPPED,
-        cache=PLAN.data.cache_dir,
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         HORIZONS_BRANCH_RESULT,
     log:
@@ -53,12 +52,11 @@ rule train_branch:
     resources:
         **PLAN.resources("horizons"),
     params:
-        plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
         state=horizon_branch_state,
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "--from-state {params.state} > {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed --from-state {params.state:q} > {log:q} 2>&1"
 
 
 rule report_horizons:
@@ -81,4 +79,4 @@ rule report_horizons:
         runs=input_parents,
         outdir=output_parent,
     shell:
-        "python -m tiny_llm horizons-report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm horizons-report --runs {params.runs:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

@@ -21,8 +21,8 @@ wildcard_constraints:
 
 rule train_packed:
     input:
-        recipe=ancient(PACKED_RECIPE),
-        cache=PLAN.data.cache_dir,
+        recipe=PACKED_RECIPE,
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         PACKED_RESULT,
     log:
@@ -33,16 +33,15 @@ rule train_packed:
     resources:
         **PLAN.resources("packed"),
     params:
-        plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "> {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed > {log:q} 2>&1"
 
 
 rule bench_packed:
     input:
-        recipe=ancient(PACKED_BENCH_RECIPE),
+        recipe=PACKED_BENCH_RECIPE,
     output:
         PACKED_BENCH_RESULT,
     log:
@@ -53,11 +52,10 @@ rule bench_packed:
     resources:
         **PLAN.resources("packed"),
     params:
-        plan_files=plan_file_digest,
-        protocol=PLAN.packed.bench_protocol(),
+        protocol=words(PLAN.packed.bench_protocol()),
     shell:
-        "python -m tiny_llm benchmark-packed-worker --config {input.recipe} --execution {wildcards.execution} "
-        "{params.protocol} --output {output} > {log} 2>&1"
+        "python -m tiny_llm benchmark-packed-worker --config {input.recipe:q} --execution {wildcards.execution:q} "
+        "{params.protocol:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule summarize_packed_bench:
@@ -76,8 +74,8 @@ rule summarize_packed_bench:
     conda:
         "../envs/report.yaml"
     shell:
-        "python -m tiny_llm benchmark-packed-summary --inputs {input} --output {output.summary} "
-        "--plot {output.plot} > {log} 2>&1"
+        "python -m tiny_llm benchmark-packed-summary --inputs {input:q} --output {output.summary:q} "
+        "--plot {output.plot:q} > {log:q} 2>&1"
 
 
 rule report_packed:
@@ -105,4 +103,4 @@ rule report_packed:
         runs=runs_root,
         outdir=output_parent,
     shell:
-        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

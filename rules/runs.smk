@@ -7,8 +7,8 @@
 
 rule train_run:
     input:
-        recipe=ancient(RUN_RECIPE),
-        cache=PLAN.data.cache_dir,
+        recipe=RUN_RECIPE,
+        cache=ancient(PLAN.data.cache_manifest),
     output:
         RUN_RESULT,
     log:
@@ -19,11 +19,10 @@ rule train_run:
     resources:
         **PLAN.resources("runs"),
     params:
-        plan_files=plan_file_digest,
         numerics=NUMERICS_VERSION,
     shell:
-        "python -m tiny_llm train --config {input.recipe} --set runtime.cpu_threads={threads} --resume auto "
-        "> {log} 2>&1"
+        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
+        "--set-aside-changed > {log:q} 2>&1"
 
 
 rule evaluate_run:
@@ -42,7 +41,7 @@ rule evaluate_run:
         run_dir=input_parent,
         full=run_evaluate_flags,
     shell:
-        "python -m tiny_llm evaluate --run {params.run_dir} {params.full} --output {output} > {log} 2>&1"
+        "python -m tiny_llm evaluate --run {params.run_dir:q} {params.full:q} --output {output:q} > {log:q} 2>&1"
 
 
 rule plot_curves:
@@ -70,4 +69,4 @@ rule plot_curves:
         runs=runs_root,
         outdir=output_parent,
     shell:
-        "python -m tiny_llm report --runs {params.runs} --output-dir {params.outdir} > {log} 2>&1"
+        "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} > {log:q} 2>&1"

@@ -21,11 +21,9 @@ rule plan_tuning:
     localrule: True
     conda:
         "../envs/torch.yaml"
-    params:
-        plan_files=plan_file_digest,
     shell:
-        "python -m tiny_llm tune plan --name {wildcards.profile} --profile @{input.profile} --output {output} "
-        "> {log} 2>&1"
+        "python -m tiny_llm tune plan --name {wildcards.profile:q} --profile @{input.profile:q} --output {output:q} "
+        "> {log:q} 2>&1"
 
 
 rule bench_candidate:
@@ -43,8 +41,8 @@ rule bench_candidate:
     params:
         results=tuning_results,
     shell:
-        "python -m tiny_llm tune candidate --plan {input.plan} --slot {wildcards.slot} "
-        "--results-dir {params.results} > {log} 2>&1"
+        "python -m tiny_llm tune candidate --plan {input.plan:q} --slot {wildcards.slot:q} "
+        "--results-dir {params.results:q} > {log:q} 2>&1"
 
 
 rule select_tuning:
@@ -68,5 +66,5 @@ rule select_tuning:
     params:
         results=tuning_results,
     shell:
-        "python -m tiny_llm tune select --plan {input.plan} --results-dir {params.results} "
-        "--plot {output.plot} > {log} 2>&1"
+        "python -m tiny_llm tune select --plan {input.plan:q} --results-dir {params.results:q} "
+        "--plot {output.plot:q} > {log:q} 2>&1"

@@ -12,8 +12,15 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tiny_llm.errors import ConfigError
+
 if TYPE_CHECKING:  # annotations only: config imports this module
-    from tiny_llm.config import ModelConfig, OptimizerConfig, RecipeConfig
+    from tiny_llm.config import ModelConfig, OptimizerConfig, RecipeConfig, TrainingConfig
+
+MAX_TRAIN_TOKENS = 10**15
+"""More training tokens than any run here can use (a uint16 cache of them is 2 PB): a typo, refused."""
+MAX_EPOCHS = 100_000
+"""More epochs than any recipe means (each is a validation pass): a typo, refused before allocating them."""
 
 
 def parameter_count(model: ModelConfig) -> int:
@@ -124,10 +131,31 @@ def loader_v2_tokens_needed(num_blocks: int, context_length: int, group_tokens: 
     return max(-(-end // L) * L + 1, end + 1)
 
 
+def budget_problems(training: TrainingConfig, params: int) -> list[str]:
+    """The budget's counts bounded before anything is allocated for them (one line each, naming the key)."""
+    total, ratio = training.tokens_per_parameter * params, training.tokens_per_parameter
+    if not total <= MAX_TRAIN_TOKENS:
+        return [
+            f"training.tokens_per_parameter: {ratio:g} gives {total:.3g} training tokens, more than "
+            f"{MAX_TRAIN_TOKENS:.0e}; lower it"
+        ]
+    epoch = training.epoch_tokens_per_parameter
+    if epoch > 0 and not ratio / epoch <= MAX_EPOCHS:
+        return [
+            f"training.epoch_tokens_per_parameter: {epoch:g} gives {ratio / epoch:.3g} epochs of "
+            f"training.tokens_per_parameter {ratio:g}, more than {MAX_EPOCHS:,}; use longer epochs"
+        ]
+    return []
+
+
 def make_budget(recipe: RecipeConfig, parameters: int | None = None) -> Budget:
-    """Budget of ``recipe``; packed runs count one model's parameters and keep epochs multiples of N."""
+    """Budget of ``recipe``; packed runs count one model's parameters and keep epochs multiples of N.
+    ConfigError (naming the key) for counts too large to allocate."""
     model, training = recipe.model, recipe.training
     params = parameters if parameters is not None else parameter_count(model)
+    problems = budget_problems(training, params)
+    if problems:
+        raise ConfigError(problems[0])
     L = model.context_length
     total = math.ceil(training.tokens_per_parameter * params)
     epoch = training.epoch_tokens_per_parameter * params

@@ -23,7 +23,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from tiny_llm.budget import make_budget, packed_epoch_problems
+from tiny_llm.budget import budget_problems, make_budget, packed_epoch_problems, parameter_count
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
@@ -529,6 +529,10 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         problems.append(
             "data.shuffle_group_size: loader v2 reads every block once; set training.data_passes 1"
         )
+    too_large = budget_problems(t, parameter_count(m))
+    problems += too_large
+    if too_large:
+        return problems  # the checks below build the budget
     if t.epoch_tokens_per_parameter > t.tokens_per_parameter:
         problems.append("training.epoch_tokens_per_parameter: larger than training.tokens_per_parameter")
     elif t.data_passes > 1 and not problems:

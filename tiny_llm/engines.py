@@ -31,10 +31,21 @@ def run_training(
     resume: str | None = None,
     quiet: bool = False,
     plan: loop.Continuation | None = None,
+    *,
+    set_aside_changed: bool = False,
+    keep: tuple[Path, ...] = (),
 ) -> int:
-    """Train ``recipe`` into runtime.output_dir (exit codes: ``tiny_llm.train.loop``; ``plan``: a trunk's
-    stop and kept states, or a branch's starting state)."""
-    return loop.run_training(recipe, build_engine, resume=resume, quiet=quiet, plan=plan)
+    """Train ``recipe`` into runtime.output_dir (exit codes, set_aside_changed: ``tiny_llm.train.loop``;
+    ``plan``: a trunk's stop and kept states, or a branch's starting state)."""
+    return loop.run_training(
+        recipe,
+        build_engine,
+        resume=resume,
+        quiet=quiet,
+        plan=plan,
+        set_aside_changed=set_aside_changed,
+        keep=keep,
+    )
 
 
 def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
+from tiny_llm.errors import ConfigError, DamagedFileError, DiskFullError, RunStateError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -93,18 +94,55 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     atomic_write_with(path, write)
 
 
-@contextlib.contextmanager
-def replacing_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed."""
+OUTPUT_MARKER = ".tiny-llm-output"
+"""A file in every directory an ``--output`` command writes: it marks the directory as one it may replace."""
+
+
+def check_replaceable(output: str | os.PathLike[str], *, force: bool) -> None:
+    """Refuse an existing non-empty ``output`` unless it holds OUTPUT_MARKER and ``force`` is given:
+    a directory this project did not write is never deleted, and one it wrote only on request."""
     output = Path(output)
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise ConfigError(f"--output {output} exists and is not a directory; choose a new path")
+    if not output.exists() or not any(output.iterdir()):
+        return
+    if not (output / OUTPUT_MARKER).is_file():
+        raise ConfigError(
+            f"--output {output} is a non-empty directory that tiny-llm did not write; choose a new path"
+        )
+    if not force:
+        raise ConfigError(f"--output {output} already holds an earlier output; pass --force to replace it")
+
+
+@contextlib.contextmanager
+def replacing_directory(
+    output: str | os.PathLike[str], *, force: bool = False, marked: bool = True
+) -> Iterator[Path]:
+    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed.
+
+    ``marked``: the new directory gets OUTPUT_MARKER, and an existing ``output`` is replaced only as
+    check_replaceable allows (checked before and again just before the swap). Unmarked callers guard
+    ``output`` themselves."""
+    output = Path(output)
+    if marked:
+        check_replaceable(output, force=force)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         yield tmp
+        if marked:
+            (tmp / OUTPUT_MARKER).write_text("written by tiny-llm; replaced only with --force\n")
+            check_replaceable(output, force=force)
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private
         if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+            os.replace(
+                output, old / output.name
+            )  # out of the way first, so no reader sees a half-deleted tree
+            os.replace(tmp, output)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -126,6 +164,16 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 def atomic_write_yaml(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False))
+
+
+REPLACED_INFIX = ".replaced-"
+"""A run directory whose recipe changed is kept as the sibling ``<run>.replaced-N``; reports skip it."""
+
+
+def is_replaced_run(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` (a run directory) is one set aside as ``<run>.replaced-N``."""
+    head, sep, tail = Path(path).name.rpartition(REPLACED_INFIX)
+    return bool(head and sep and tail.isdigit())
 
 
 REBUILD_HINT = "delete it and rerun the command that wrote it"
@@ -184,16 +232,59 @@ def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
         raise
 
 
+def private_directory(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a directory only this user can use: created 0700 when missing; OSError when it is a
+    symbolic link, not a directory, or another user's (a planted directory in a shared /tmp)."""
+    path = Path(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, "is a symbolic link", str(path))
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.ENOTDIR, "is not a directory", str(path))
+    if info.st_uid != os.getuid():
+        raise OSError(errno.EPERM, "not owned by you", str(path))
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours, but open to others: close it
+    return path
+
+
+def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """A read-write fd on the lock file ``path`` (created if missing), never through a symbolic link
+    (OSError ELOOP) and never on anything but a regular file (OSError EINVAL)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "is not a regular file", str(path))
+    return fd
+
+
+def note_lock_holder(fd: int) -> None:
+    """Write our PID into a held lock file, for people, only when the file is this user's alone (one
+    link): a lock file linked to someone's data is never truncated."""
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+
 @contextlib.contextmanager
 def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[None]:
     """Hold an exclusive, non-blocking flock on ``lock_path`` or fail at once.
 
     The kernel drops the lock when the process dies (even by SIGKILL), so a
-    stale lock file never blocks a rerun.
+    stale lock file never blocks a rerun. A symbolic link in its place is refused, not followed.
     """
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_lock_file(lock_path)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EINVAL):
+            raise
+        reason = "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file"
+        raise RunStateError(f"{what}: its lock {lock_path} is {reason}; remove it and rerun") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -201,8 +292,7 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
             raise RunStateError(
                 f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        note_lock_holder(fd)
         yield
     finally:
         os.close(fd)

@@ -7,7 +7,9 @@ import dataclasses
 import errno
 import json
 import os
+import pickle
 import shutil
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -217,6 +219,73 @@ def test_an_explicitly_named_damaged_state_is_one_line(tmp_path: Path) -> None:
     )
 
 
+WEIGHTS_ONLY_REFUSAL = pickle.UnpicklingError("Weights only load failed. This file can still be loaded...")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(errno.EACCES, "Permission denied"),
+        OSError(errno.EIO, "Input/output error"),
+        MemoryError(),
+        WEIGHTS_ONLY_REFUSAL,
+    ],
+    ids=["permission", "io", "memory", "weights_only"],
+)
+@pytest.mark.parametrize("where", ["zip", "load"])
+def test_a_read_error_is_not_damage_it_stops_in_one_line_and_touches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException, where: str
+) -> None:
+    fake_state(tmp_path / "latest.pt", 9)
+    fake_state(tmp_path / "epoch-001.pt", 4)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    if where == "zip" and isinstance(error, pickle.UnpicklingError):
+        pytest.skip("torch.load alone refuses a pickle")
+    target = zipfile if where == "zip" else torch
+    real = target.ZipFile if where == "zip" else torch.load
+    name = "ZipFile" if where == "zip" else "load"
+
+    def failing(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == "latest.pt":
+            raise error
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(target, name, failing)
+    lines: list[str] = []
+    with pytest.raises(RunStateError) as err:
+        checkpoint.newest_usable_state(tmp_path, lines.append)
+    message = str(err.value)
+    assert "latest.pt" in message and "\n" not in message and "damaged" not in message
+    assert lines == []
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing renamed or restarted
+
+
+def test_set_aside_states_never_overwrite_each_other(tmp_path: Path) -> None:
+    for step in (3, 5, 7):
+        fake_state(tmp_path / "latest.pt", step)
+        truncate(tmp_path / "latest.pt", 0.4 + step / 100)
+        assert checkpoint.newest_usable_state(tmp_path, lambda line: None) == (None, None)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["latest.pt.corrupt", "latest.pt.corrupt-2", "latest.pt.corrupt-3"]
+    assert len({(tmp_path / name).stat().st_size for name in kept}) == 3
+
+
+def test_one_bad_line_in_the_middle_of_metrics_drops_only_that_line(tmp_path: Path) -> None:
+    from tiny_llm.train.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"event": "train", "step": step, "loss": 1.0 / step} for step in range(1, 6)]
+    lines = [json.dumps(row) for row in rows]
+    lines[2] = '{"event": "train", "st\x00\xff'  # damaged in place
+    path.write_text(
+        "\n".join([*lines[:3], "[1, 2]", *lines[3:]]) + "\n", encoding="utf-8", errors="surrogateescape"
+    )
+    log = MetricsLog(path)
+    assert [row["step"] for row in log.rows()] == [1, 2, 4, 5]
+    log.truncate_to_step(4)
+    assert [row["step"] for row in log.rows()] == [1, 2, 4]
+
+
 # ----------------------------------------------------------------------------- training runs (slow)
 
 
@@ -265,7 +334,7 @@ def test_a_truncated_latest_state_resumes_from_an_epoch_state_bitwise(
         metrics.write('{"event": "train", "step": 22, "lo')
     assert run_training(recipe, resume="auto", quiet=True) == 0
     log = (run_dir / "run.log").read_text()
-    assert f"warning: {run_dir / 'latest.pt'} is damaged (not a readable training state: " in log
+    assert f"warning: {run_dir / 'latest.pt'} is damaged (truncated or not a state file: " in log
     assert "kept as latest.pt.corrupt; resuming from epoch-001.pt (step 11) instead" in log
     assert_same_run(run_dir, baseline)
     assert (run_dir / "latest.pt.corrupt").is_file()

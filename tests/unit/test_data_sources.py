@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
 from tiny_llm.data import sources
 from tiny_llm.data.corpus import split_documents, strip_wiki_markup
@@ -175,3 +176,47 @@ def test_hub_tokenizer_loads_offline_from_the_local_hub_cache(
     assert tokenizer.fingerprint == load_tokenizer(str(tiny_tokenizer_dir)).fingerprint
     with pytest.raises(DataError, match="tokenizer org/tok needs the Hugging Face hub"):
         load_tokenizer("org/tok", "f" * 40)  # another revision is not cached
+
+
+def test_train_tokenizer_never_deletes_a_directory_it_did_not_write(
+    tmp_path: Path, tiny_corpus_dir: Path, capsys
+):
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    args = [
+        "train-tokenizer",
+        "--input",
+        str(tiny_corpus_dir),
+        "--vocab-size",
+        "300",
+        "--output",
+        str(thesis),
+    ]
+    assert main(args) == 2
+    assert "did not write" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 2  # --force replaces only our own outputs
+    assert (thesis / "chapter1.tex").read_text() == "years of work"
+
+
+def test_train_tokenizer_replaces_its_own_output_only_with_force(
+    tmp_path: Path, tiny_corpus_dir: Path, capsys
+):
+    output = tmp_path / "tokenizer"
+    args = [
+        "train-tokenizer",
+        "--input",
+        str(tiny_corpus_dir),
+        "--vocab-size",
+        "300",
+        "--output",
+        str(output),
+    ]
+    assert main(args) == 0
+    first = (output / "tokenizer.json").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert (output / "tokenizer.json").read_bytes() == first
+    assert main([*args, "--force"]) == 0
+    assert load_tokenizer(str(output)).vocab_size == 300

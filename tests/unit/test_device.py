@@ -148,6 +148,7 @@ def test_lock_file_of_another_user_is_locked_read_only(gpus, monkeypatch) -> Non
 
 def test_default_lock_directory_is_per_user(monkeypatch) -> None:
     monkeypatch.delenv("TINY_LLM_GPU_LOCK_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     path = device_module.gpu_lock_dir()
     assert path.name == f"tiny-llm-gpu-locks-{os.getuid()}"
 

@@ -92,6 +92,7 @@ def test_export_directory_holds_the_hf_files_and_a_card(tiny_export, tiny_run, t
         "tokenizer_config.json",
         "README.md",
         "tiny_llm_export.json",
+        ".tiny-llm-output",
     }
     config = json.loads((tiny_export / "config.json").read_text())
     m = recipe.model
@@ -447,3 +448,42 @@ def test_samples_command_tables_exports_and_their_continuations(tiny_export, tin
         assert f"<h2>{item['prompt']}</h2>" in samples
     assert "seed 3" in samples
     assert "# Sample continuations" in (out / "exports.md").read_text()
+
+
+def test_export_never_deletes_a_directory_it_did_not_write(tiny_run, tmp_path):
+    recipe, run_dir = tiny_run
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "notes.txt").write_text("mine")
+    for force in (False, True):
+        with pytest.raises(ConfigError, match="did not write"):
+            export_model(recipe, run_dir / "final.safetensors", thesis, force=force)
+    assert [p.name for p in thesis.iterdir()] == ["notes.txt"]
+
+
+def test_export_replaces_an_earlier_export_only_with_force(tiny_run, tmp_path, capsys):
+    recipe, run_dir = tiny_run
+    output = tmp_path / "out"
+    args = ["export", "--run", str(run_dir), "--output", str(output)]
+    assert main(args) == 0
+    (output / "README.md").write_text("edited")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert (output / "README.md").read_text() == "edited"
+    assert main([*args, "--force"]) == 0
+    assert (output / "README.md").read_text() != "edited"
+
+
+def test_an_export_embeds_no_absolute_local_path(tiny_export, tiny_run, tiny_recipe_args, tmp_path_factory):
+    base = str(tmp_path_factory.getbasetemp())  # every path of the run, its cache, corpus and tokenizer
+    leaks = {}
+    for path in tiny_export.iterdir():
+        if path.suffix == ".safetensors":
+            text = json.dumps(__import__("safetensors").safe_open(str(path), "pt").metadata())
+        else:
+            text = path.read_text(encoding="utf-8")
+        for local in (base, str(Path.home()), str(Path.cwd())):
+            if local in text:
+                leaks[path.name] = local
+    assert leaks == {}

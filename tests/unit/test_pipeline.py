@@ -173,7 +173,7 @@ def test_resources_come_from_the_size_or_the_section() -> None:
 def test_targets_per_stage_and_disabled_stages_leave_the_default_target() -> None:
     config = shipped("workflow_config.yaml")
     plan = plan_of(config)
-    assert plan.targets("data") == ["results/data/cache"]
+    assert plan.targets("data") == ["results/data/cache/manifest.json"]
     assert "results/report/runs/learning-curves.png" in plan.targets("runs")
     assert plan.targets("tuning") == ["results/cpu-tuning/selected.yaml"]
     assert "results/campaign/stage3/ranking.json" in plan.targets("campaign")
@@ -206,9 +206,8 @@ def test_tuning_profile_file_and_slots() -> None:
     assert profile["configs"] == ["20m"] and not any("batch" in s for s in profile["sets"])
     assert "s1-m128-compile" in plan.tuning.slot_names("gh200")  # the reference's 20m production setting
     inputs = plan.tuning.candidate_inputs("gh200", "s1-m8-compile")
-    assert (
-        inputs["plan"] == "results/gh200-tuning/plan.json" and inputs["cache"] == "results/data/c4-tinyllama"
-    )
+    assert inputs["plan"] == "results/gh200-tuning/plan.json"
+    assert inputs["cache"] == "results/data/c4-tinyllama/manifest.json"
     assert len(inputs["earlier"]) == plan.tuning.slot_names("gh200").index("s1-m8-compile")
     with pytest.raises(ConfigError, match="tuning profile 'nope' is not defined"):
         plan.tuning.candidates("nope")

@@ -72,7 +72,7 @@ def test_campaign_patterns_are_the_files_the_campaign_library_writes() -> None:
 def test_every_planned_file_is_a_layout_pattern_filled_in(name: str) -> None:
     plan = plan_of(shipped(name))
     regexes = [pattern_regex(p) for p in patterns().values()]
-    cache = plan.data.cache_dir
+    cache = plan.data.cache_manifest
     planned = [path for stage in plan.stages for path in plan.targets(stage) if path != cache]
     planned += [path for path in plan.files._content]
     planned += [path for profile in plan.tuning.profiles for path in plan.tuning.candidates(profile)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,7 +140,7 @@ def test_the_best_run_of_a_campaign_size_is_analysed_once_ranked() -> None:
     config = shipped("config/cluster.yaml")
     plan = plan_of(config)
     run = plan.analysis.runs["campaign-best-20m"]
-    assert run.source == "--best-of results/campaign/stage1/ranking.json"
+    assert run.source == ["--best-of", "results/campaign/stage1/ranking.json"]
     assert run.ready == "results/campaign/stage1/ranking.json" and run.run_dir == ""
     assert plan.analysis.jobs("campaign-best-20m") == [
         "results/analysis/campaign-best-20m/s32-r32-seed42/final-seen/result.json",
@@ -200,3 +201,37 @@ def test_closing_summary_names_the_best_run_per_size(tmp_path: Path, monkeypatch
     (tmp_path / "results/campaign/stage1").mkdir(parents=True)
     (tmp_path / "results/campaign/stage1/ranking.json").write_text("{damaged")  # skipped, not fatal
     assert len(plan.best_run_lines()) == 2
+
+
+def test_a_run_id_with_a_trailing_newline_is_refused() -> None:
+    config = shipped("workflow_config.yaml")
+    config["runs"]["demo-x\n"] = config["runs"]["demo-s"]
+    with pytest.raises(ConfigError, match="runs"):
+        plan_of(config)
+
+
+def test_a_huge_grid_value_makes_a_run_id_the_rules_match() -> None:
+    from tiny_llm.campaign.stages import format_value
+
+    assert format_value(1e20) == "1e20" and format_value(1e-5) == "1e-05" and format_value(0.003) == "0.003"
+    config = shipped("workflow_config.yaml")
+    config["campaign"]["stages"][0]["lr"] = [1e20, 1e-3]
+    plan = plan_of(config)
+    run_ids = [run.run_id for runs in plan.campaign.runs.values() for run in runs]
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", run) for run in run_ids), run_ids
+
+
+def test_export_names_that_collide_are_refused() -> None:
+    config = shipped("workflow_config.yaml")
+    config["runs"]["best-demo-l"] = config["runs"]["demo-s"]  # and the campaign's best demo-l
+    with pytest.raises(ConfigError, match="results/exports/best-demo-l"):
+        plan_of(config)
+
+
+def test_analysis_names_that_collide_are_refused() -> None:
+    config = shipped("workflow_config.yaml")
+    config["runs"]["packed-packed4-demo"] = config["runs"]["demo-s"]
+    config["export"] = {"runs": False}
+    config["analysis"] = {"runs": ["packed-packed4-demo", "packed:packed4-demo"]}
+    with pytest.raises(ConfigError, match="results/analysis/packed-packed4-demo"):
+        plan_of(config)

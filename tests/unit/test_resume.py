@@ -223,3 +223,60 @@ def test_existing_state_needs_resume_and_complete_runs_are_kept(
     before = (baseline / "result.json").read_bytes()
     assert run_training(recipe, resume="auto", quiet=True) == 0
     assert (baseline / "result.json").read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def finished_without_state(
+    tmp_path_factory: pytest.TempPathFactory, tiny_cache: Path, tiny_recipe_args: Callable
+) -> Path:
+    run_dir = tmp_path_factory.mktemp("none") / "run"
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.checkpoint_policy=none")
+    assert run_training(recipe, quiet=True) == 0
+    assert not list(run_dir.glob("*.pt"))
+    return run_dir
+
+
+def test_a_finished_run_without_state_is_not_overwritten(
+    finished_without_state: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    run_dir = finished_without_state
+    before = (run_dir / "result.json").read_bytes()
+    same = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.checkpoint_policy=none")
+    with pytest.raises(RunStateError, match="already holds a finished run"):
+        run_training(same, quiet=True)
+    other = small_recipe(
+        tiny_cache, tiny_recipe_args, run_dir, "training.checkpoint_policy=none", "optimizer.lr=0.01"
+    )
+    for resume, refusal in (
+        (None, "already holds a finished run"),
+        ("auto", "holds a run of another recipe"),
+    ):
+        with pytest.raises(RunStateError, match=refusal):
+            run_training(other, resume=resume, quiet=True)
+    assert (run_dir / "result.json").read_bytes() == before
+    assert run_training(same, resume="auto", quiet=True) == 0  # the same identity: confirmed, kept
+    assert (run_dir / "result.json").read_bytes() == before
+
+
+def test_a_changed_recipe_sets_the_old_run_aside_when_asked(
+    baseline: Path, tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline, run_dir)
+    recipe_file = run_dir / "recipe.yaml"
+    recipe_file.write_text("the new recipe, kept in place\n")
+    old = read_json(run_dir / "result.json")
+    other = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "optimizer.lr=0.01")
+    started: list[int] = []
+    with pytest.MonkeyPatch.context() as mp:  # whether it resumes is decided in start(); skip the work
+        mp.setattr(loop.Trainer, "run", lambda self: started.append(self.progress.step) or 0)
+        assert (
+            run_training(other, resume="auto", quiet=True, set_aside_changed=True, keep=(recipe_file,)) == 0
+        )
+    assert started == [0]  # afresh: never a resume of the other identity
+    aside = tmp_path / "run.replaced-1"
+    assert read_json(aside / "result.json") == old and (aside / "final.pt").is_file()
+    assert recipe_file.read_text() == "the new recipe, kept in place\n"
+    assert not (run_dir / "final.pt").exists() and not (run_dir / "result.json").exists()

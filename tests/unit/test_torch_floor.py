@@ -29,3 +29,17 @@ def test_torch_floor_covers_the_apis_the_library_calls() -> None:
     assert "get_total_norm" in used  # the table still describes the code
     needed = max(used.values())
     assert torch_floor() >= needed, f"pyproject says torch>={torch_floor()}, the code needs {needed}: {used}"
+
+
+# What the library relies on to be safe -> the first torch release where it is.
+SAFE_SINCE = {
+    # torch.load's restricted unpickler: a code-execution flaw fixed in 2.10
+    "weights_only=True": (2, 10),
+}
+
+
+def test_torch_floor_admits_no_release_with_a_known_flaw_in_what_the_library_relies_on() -> None:
+    source = "\n".join(p.read_text() for p in (REPO / "tiny_llm").rglob("*.py"))
+    used = {what: version for what, version in SAFE_SINCE.items() if what in source}
+    assert "weights_only=True" in used  # training states and evaluation checkpoints are loaded so
+    assert torch_floor() >= max(used.values()), f"pyproject says torch>={torch_floor()}: {used}"

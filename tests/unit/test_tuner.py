@@ -14,7 +14,7 @@ import pytest
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import RunStateError, TinyLLMError
 from tiny_llm.tuning import tuner
-from tiny_llm.tuning.candidates import make_plan, make_slots, profile_from_dict, rank_results
+from tiny_llm.tuning.candidates import make_plan, make_slots, plan_from_dict, profile_from_dict, rank_results
 
 # Throughput = micro x (3 if compiled) x attention factor x thread factor; behaviour knobs come
 # from FAKE_WORKER (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
@@ -59,7 +59,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     def configure(**knobs):
         knobs = {"calls": str(tmp_path / "calls.jsonl"), "child_pid": str(tmp_path / "child.pid"), **knobs}
         monkeypatch.setenv("FAKE_WORKER", json.dumps(knobs))
-        return [sys.executable, str(script)]
+        monkeypatch.setattr(tuner, "WORKER", [sys.executable, str(script)])
 
     return configure
 
@@ -166,7 +166,8 @@ def test_cpu_space_varies_attention_precision_threads():
 
 
 def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
-    plan = make_plan(gpu_profile(), worker_command=fake())
+    fake()
+    plan = make_plan(gpu_profile())
     summary = run_all(plan, tmp_path / "out")
     results = {r["name"]: r for r in tuner.collect_results(plan, tmp_path / "out")}
     # stage 1: m16-compile (48) > m8-compile (24) > m8-eager (8) > m4-eager (4)
@@ -189,9 +190,8 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
 
 
 def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
-    plan = make_plan(
-        gpu_profile(sets=["training.batch_tokens=2048", "runtime.cpu_threads=8"]), worker_command=fake()
-    )
+    fake()
+    plan = make_plan(gpu_profile(sets=["training.batch_tokens=2048", "runtime.cpu_threads=8"]))
     run_all(plan, tmp_path / "out")
     t8 = json.loads((tmp_path / "out" / "candidates" / "s4-r0-t8.json").read_text())
     assert t8["reused_from"] == "s2-r0-flash" and t8["wall_seconds"] == 0.0
@@ -204,7 +204,8 @@ def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
 
 def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake):
     profile = gpu_profile(stage1=[[8, False], [16, True]], candidate_timeout_seconds=2.0, threads=[1])
-    plan = make_plan(profile, worker_command=fake(hang=["m8-eager"]))
+    fake(hang=["m8-eager"])
+    plan = make_plan(profile)
     tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
     hung = json.loads((tmp_path / "out" / "candidates" / "s1-m8-eager.json").read_text())
     # Killed at its 2 s timeout, long before the 120 s the worker would have hung.
@@ -217,7 +218,8 @@ def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Pat
 
 def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
     profile = gpu_profile(budget_minutes=2.5 / 60, min_start_seconds=1.0, threads=[1])
-    plan = make_plan(profile, worker_command=fake(sleep=1.0))
+    fake(sleep=1.0)
+    plan = make_plan(profile)
     summary = run_all(plan, tmp_path / "out")
     statuses = [c["status"] for c in summary["candidates"]]
     assert statuses[0] == "ok" and "skipped_budget" in statuses
@@ -229,26 +231,30 @@ def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
 
 def test_timeout_is_capped_by_budget_left(tmp_path: Path, fake):
     profile = gpu_profile(budget_minutes=1.5 / 60, min_start_seconds=0.0, stage1=[[8, False]])
-    plan = make_plan(profile, worker_command=fake(hang=["m8-eager"]))
+    fake(hang=["m8-eager"])
+    plan = make_plan(profile)
     result = tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
     assert result["status"] == "timeout" and result["timeout_seconds"] == pytest.approx(1.5)
 
 
 def test_no_success_fails_clearly_and_user_error_stops(tmp_path: Path, fake):
     profile = gpu_profile(stage1=[[8, False]], threads=[1], compile_modes=[], attention_variants=["flash"])
-    plan = make_plan(profile, worker_command=fake(fail=["m8-eager", "m8-compile"]))
+    fake(fail=["m8-eager", "m8-compile"])
+    plan = make_plan(profile)
     with pytest.raises(RunStateError, match="no tuning candidate of profile fakegpu succeeded"):
         run_all(plan, tmp_path / "a")
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["selected"] is None
     assert {c["status"] for c in summary["candidates"]} == {"failed", "skipped"}
-    plan = make_plan(profile, worker_command=fake(exit2=True))
+    fake(exit2=True)
+    plan = make_plan(profile)
     with pytest.raises(TinyLLMError, match="expects a GH200 GPU"):
         tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "b")
 
 
 def test_later_slot_needs_earlier_results(tmp_path: Path, fake):
-    plan = make_plan(gpu_profile(), worker_command=fake())
+    fake()
+    plan = make_plan(gpu_profile())
     with pytest.raises(RunStateError, match="s1-m8-eager"):
         tuner.run_candidate(plan, "s2-r0-flash", tmp_path / "out")
 
@@ -293,12 +299,11 @@ def test_throughput_plot_has_a_legend_for_each_kind_of_candidate():
     plt.close(fig)
 
 
-def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake, monkeypatch, capsys):
+def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake, capsys):
     from tiny_llm.cli import main
     from tiny_llm.tuning import candidates
 
-    worker = fake()
-    monkeypatch.setattr(candidates, "make_plan", lambda profile: make_plan(profile, worker_command=worker))
+    fake()
     profile = json.dumps({"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1]})
     argv = ["tune", "run", "--name", "c", "--profile", profile, "--results-dir", str(tmp_path / "out")]
     assert main(argv) == 0
@@ -313,3 +318,13 @@ def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake
     assert main(argv) == 0  # every slot has its result: nothing is measured again
     assert len(calls(tmp_path)) == measured
     assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines[-1:]
+
+
+def test_a_plan_file_holds_no_command_and_one_given_is_never_run(tmp_path: Path) -> None:
+    plan = make_plan(gpu_profile())
+    assert "worker_command" not in plan.to_dict()
+    planted = {**plan.to_dict(), "worker_command": ["sh", "-c", f"touch {tmp_path / 'PWNED'}"]}
+    command = tuner.worker_command(
+        plan_from_dict(planted), {"recipe": tmp_path / "r", "worker": tmp_path / "w"}
+    )
+    assert command[:4] == [sys.executable, "-m", "tiny_llm", "benchmark-worker"]

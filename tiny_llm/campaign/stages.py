@@ -232,8 +232,9 @@ def config_from_settings(settings: Mapping[str, Any]) -> CampaignConfig:
 
 
 def format_value(value: float) -> str:
-    """Short, stable number text for run ids: 0.001, 0.0003, 0, 0.95, 1e-05."""
-    return f"{value:.10g}"
+    """Short, stable number text for run ids: 0.001, 0.0003, 0, 0.95, 1e-05, 1e20 (no '+', which no
+    wildcard of the rules matches)."""
+    return f"{value:.10g}".replace("e+", "e")
 
 
 @dataclass(frozen=True)

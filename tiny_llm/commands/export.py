@@ -44,8 +44,9 @@ def resolve_source(args: argparse.Namespace):  # -> tuple[RecipeConfig, Path]
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument(
-        "--output", required=True, type=Path, metavar="DIR", help="export directory (replaced)"
+        "--output", required=True, type=Path, metavar="DIR", help="export directory (new, or empty)"
     )
+    parser.add_argument("--force", action="store_true", help="replace an earlier export in --output")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weight dtype")
     parser.add_argument(
         "--prompts",
@@ -68,7 +69,14 @@ def run(args: argparse.Namespace) -> int:
 
     setup_runtime(_on_cpu(recipe))  # threads as the recipe asks; export and sampling run on the CPU
     summary = export_model(
-        recipe, checkpoint, args.output, dtype=args.dtype, worker=args.worker, prompts=prompts, gguf=args.gguf
+        recipe,
+        checkpoint,
+        args.output,
+        dtype=args.dtype,
+        worker=args.worker,
+        prompts=prompts,
+        gguf=args.gguf,
+        force=args.force,
     )
     print(json.dumps(summary, indent=2))
     return 0

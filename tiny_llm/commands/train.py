@@ -16,6 +16,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="state file to resume, or 'auto': the run directory's newest valid state, else a fresh start",
     )
     parser.add_argument(
+        "--set-aside-changed",
+        action="store_true",
+        help="when runtime.output_dir holds a run of another recipe, rename it to <dir>.replaced-N (all but "
+        "the --config files) and start afresh, instead of refusing",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no console progress lines (run.log still gets them)"
     )
     parser.add_argument(
@@ -60,7 +66,17 @@ def run(args: argparse.Namespace) -> int:
     if any(s < 1 for s in steps):
         raise ConfigError("--stop-at-step/--keep-state-at: steps must be >= 1")
     plan = Continuation(args.stop_at_step, tuple(args.keep_state_at), args.from_state)
-    code = run_training(recipe, resume=args.resume, quiet=args.quiet, plan=plan)
+    keep = tuple(
+        Path(c) for c in args.config if Path(c).is_file()
+    )  # the recipe stays where the rule wrote it
+    code = run_training(
+        recipe,
+        resume=args.resume,
+        quiet=args.quiet,
+        plan=plan,
+        set_aside_changed=args.set_aside_changed,
+        keep=keep,
+    )
     if code and args.record_divergence:
         return record_divergence(Path(recipe.runtime.output_dir), code)
     return code

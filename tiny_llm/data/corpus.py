@@ -212,7 +212,7 @@ def write_c4_dir(output: Path, train: list[Document], validation: list[Document]
     output = Path(output)
     if output.exists() and any(not p.name.startswith("c4-") for p in output.iterdir()):
         raise DataError(f"--output {output} exists and holds other files; choose a new directory")
-    with replacing_directory(output) as tmp:
+    with replacing_directory(output, marked=False) as tmp:  # guarded above: only c4- shards
         counts = {
             split: _write_split(tmp, split, docs)
             for split, docs in (("train", train), ("validation", validation))

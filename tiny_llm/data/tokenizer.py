@@ -252,7 +252,9 @@ def check_tokenizer(tokenizer: TextTokenizer, vocab_size: int, source: str) -> N
 # ----------------------------------------------------------------------------- training
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, output: Path) -> HFTokenizer:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, output: Path, *, force: bool = False
+) -> HFTokenizer:
     """Train a byte-level BPE (every byte representable, nothing is ever unknown); save it atomically."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -277,7 +279,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, output: Path) -> HFTo
             "smaller vocabulary"
         )
     result = HFTokenizer(tokenizer, "</s>", str(output))
-    save_tokenizer_dir(result, output)
+    save_tokenizer_dir(result, output, force=force)
     return result
 
 
@@ -290,9 +292,10 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
         raise DataError("no training text for the tokenizer")
 
 
-def save_tokenizer_dir(tokenizer: TextTokenizer, output: Path) -> None:
-    """Write the tokenizer into a fresh directory and rename it into place (replacing an older one)."""
-    with replacing_directory(output) as tmp:
+def save_tokenizer_dir(tokenizer: TextTokenizer, output: Path, *, force: bool = False) -> None:
+    """Write the tokenizer into a fresh directory and rename it into place (an older one of ours only with
+    ``force``; never a directory tiny-llm did not write)."""
+    with replacing_directory(output, force=force) as tmp:
         tokenizer.save(tmp)
         for file in tmp.iterdir():
             with open(file, "rb") as handle:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tiny_llm.io import OUTPUT_MARKER
+
 EXPORT_FILE = "tiny_llm_export.json"
 EXPORT_FORMAT = "tiny-llm-export"
 EXPORT_VERSION = 1
@@ -26,6 +28,7 @@ DIFFERENCES = (
     Difference("README.md", (), "this model card; transformers writes none"),
     Difference("tiny_llm_export.json", (), "the card's facts for machines (the report reads them)"),
     Difference("model.gguf", (), "the same model for llama.cpp, written with --gguf"),
+    Difference(OUTPUT_MARKER, (), "marks the directory as tiny-llm's: export replaces it only with --force"),
     Difference(
         "config.json",
         ("rope_theta",),

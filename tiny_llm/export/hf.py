@@ -26,14 +26,14 @@ import torch
 from tiny_llm.budget import parameter_count
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.data.cache import TokenCache, open_cache
-from tiny_llm.data.tokenizer import load_tokenizer
+from tiny_llm.data.tokenizer import is_local_reference, load_tokenizer
 from tiny_llm.errors import ConfigError, DataError
 from tiny_llm.export.card import EXPORT_FILE, EXPORT_FORMAT, EXPORT_VERSION, model_card
 from tiny_llm.export.generate import generate, prompt_ids
 from tiny_llm.export.settings import PromptSet, SamplingConfig
 from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer, set_bos_token
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
-from tiny_llm.io import read_json, replacing_directory
+from tiny_llm.io import check_replaceable, read_json, replacing_directory
 from tiny_llm.model import Llama
 from tiny_llm.progress import counted
 
@@ -142,6 +142,14 @@ def document_start(cache: TokenCache, facts: TokenizerFacts, trained: int | None
     }
 
 
+def portable_reference(name: str | None) -> str | None:
+    """A hub id as it is; a local file or directory by its name only: an export leaves the machine, and its
+    files name nothing of the local file system."""
+    if name is None or not is_local_reference(name):
+        return name
+    return f"local {Path(name).expanduser().name or name}"
+
+
 def recipe_facts(recipe: RecipeConfig) -> dict[str, Any]:
     opt, dec = recipe.optimizer, recipe.decentralized
     return {
@@ -200,8 +208,9 @@ def export_model(
     worker: int | None = None,
     prompts: PromptSet | None = None,
     gguf: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write the export directory ``output`` (replacing an older one); return its facts.
+    """Write the export directory ``output`` (an older export only with ``force``); return its facts.
 
     ``gguf``: also write ``model.gguf`` for llama.cpp (``tiny_llm.export.gguf_file``).
     """
@@ -209,6 +218,7 @@ def export_model(
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     checkpoint = Path(checkpoint)
     check_output(output, checkpoint)
+    check_replaceable(output, force=force)  # before any work
     state = checkpoint_state_dict(recipe, checkpoint, worker=worker)
     cache = open_cache(recipe.data.cache_dir, verify=False)
     cache.check_compatible(recipe)
@@ -216,7 +226,7 @@ def export_model(
     from safetensors.torch import save_file
 
     output = Path(output)
-    with replacing_directory(output) as tmp:
+    with replacing_directory(output, force=force) as tmp:
         facts = export_tokenizer(
             cache.path, tmp, eos_token_id=cache.eos_token_id, context_length=recipe.model.context_length
         )
@@ -261,14 +271,14 @@ def export_model(
             "recipe": recipe_facts(recipe),
             "recipe_identity": recipe_identity(recipe, cache.identity),
             "weights": weights,
-            "checkpoint": str(checkpoint),
+            "checkpoint": f"{checkpoint.parent.name}/{checkpoint.name}",  # the run and file, no local path
             "worker": worker,
             "dtype": dtype,
             "training": training,
             "cache": {
                 "identity": cache.identity,
-                "dataset": cache.manifest.get("dataset"),
-                "tokenizer": cache.manifest.get("tokenizer"),
+                "dataset": portable_reference(cache.manifest.get("dataset")),
+                "tokenizer": portable_reference(cache.manifest.get("tokenizer")),
                 "tokenizer_revision": cache.manifest.get("tokenizer_revision"),
                 "vocab_size": cache.vocab_size,
                 "eos_token_id": cache.eos_token_id,

@@ -51,6 +51,8 @@ class SamplingConfig:
             out.append(f"top_k must be >= 1 or null, got {self.top_k}")
         if not (0 < self.top_p <= 1):
             out.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**63:
+            out.append(f"seed must be in [0, 2**63), got {self.seed}")
         return out
 
     def check(self, where: str = "sampling") -> SamplingConfig:
@@ -90,6 +92,8 @@ def sampling_from_dict(data: dict[str, Any], where: str) -> SamplingConfig:
             pass
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        elif not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
         elif _FIELD_TYPES[key] is int and value != int(value):
             raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
         else:
@@ -105,6 +109,11 @@ def load_prompts(path: str | Path) -> PromptSet:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"prompt file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise ConfigError(
+            f"prompt file {path}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"prompt file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if isinstance(data, list):

@@ -19,6 +19,7 @@ from tiny_llm.pipeline.layout import (
     ANALYSIS_MANIFEST,
     ANALYSIS_NOISE,
     ANALYSIS_NORMS,
+    ANALYSIS_RUN_DIR,
     ANALYSIS_SUMMARY,
     PACKED_RUN_DIR,
     RUN_DIR,
@@ -41,9 +42,9 @@ class AnalysedRun:
     """For a campaign size's best run: the ranking.json that names it (the run is known once it is ranked)."""
 
     @property
-    def source(self) -> str:
-        """The ``analyze`` option naming the run."""
-        return f"--best-of {self.ranking}" if self.ranking else f"--run {self.run_dir}"
+    def source(self) -> list[str]:
+        """The ``analyze`` option naming the run, as arguments (a path may hold spaces)."""
+        return ["--best-of", self.ranking] if self.ranking else ["--run", self.run_dir]
 
     @property
     def ready(self) -> str:
@@ -51,9 +52,9 @@ class AnalysedRun:
         return self.ranking or f"{self.run_dir}/result.json"
 
     @property
-    def metrics_flag(self) -> str:
+    def metrics_flag(self) -> list[str]:
         """The summary's ``--metrics`` option: training's logged gradient norms (none for a best-of run)."""
-        return f"--metrics {self.run_dir}/metrics.jsonl" if self.run_dir else ""
+        return ["--metrics", f"{self.run_dir}/metrics.jsonl"] if self.run_dir else []
 
 
 def parse_reference(reference: str) -> tuple[str, str]:
@@ -120,6 +121,13 @@ class AnalysisPlan:
             raise ConfigError(f"{where}: the run saves no checkpoint (checkpoint_policy none)")
         default_dir = {"runs": RUN_DIR, "packed": PACKED_RUN_DIR}.get(kind, "")
         run_dir = "" if ranking else (run_dir or fill(default_dir, run=run, packed_run=run))
+        other = self.runs.get(name)
+        if other is not None and (other.run_dir, other.ranking) != (run_dir, ranking):
+            folder = fill(ANALYSIS_RUN_DIR, analysed_run=name)
+            raise ConfigError(
+                f"{where}: its results would go to {folder}, which another analysed run "
+                f"({other.run_dir or other.ranking}) writes; rename one of the runs"
+            )
         self.runs[name] = AnalysedRun(name, run_dir, recipe, checkpoints, ranking)
         self._cache_needs.append(cache_tokens_needed(recipe, tuple(self.cases())))
 

@@ -163,11 +163,11 @@ class CampaignPlan:
     def report_files(self) -> list[str]:
         return self.selected() + self.paths.report.targets()
 
-    def plan_inputs(self, cache_dir: str) -> dict[str, str]:
+    def plan_inputs(self, cache: str) -> dict[str, str]:
         tuning = {
             f"tuning_{size}": path for size, path in (self.config.tuning if self.config else {}).items()
         }
-        return {"cache": cache_dir, **tuning}
+        return {"cache": cache, **tuning}
 
     def targets(self) -> list[str]:
         return self.report_files() + self.rankings() if self.config else []

@@ -13,6 +13,14 @@ from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.stage import Resources
 
 
+def cache_manifest(cache_dir: str) -> str:
+    """The token cache's manifest.json, written last when the cache is published: what rules depend on.
+
+    The cache lies where ``data.cache_dir`` says, outside results/ (so not a pattern of the layout).
+    """
+    return f"{cache_dir.rstrip('/')}/manifest.json"
+
+
 class DataPlan:
     enabled = True
 
@@ -21,6 +29,8 @@ class DataPlan:
         self.files = files
         self.config = book.config["data"]
         self.cache_dir: str = self.config["cache_dir"]
+        self.cache_manifest = cache_manifest(self.cache_dir)
+        """The cache as rules name it: never a directory() output, which Snakemake deletes before a rerun."""
 
     def plan_cache(self, needs: list[int]) -> None:
         """The cache's recipe: the first size's settings, train tokens for the largest need of any job."""
@@ -59,4 +69,4 @@ class DataPlan:
         return Resources(2, 8000, 30 if self.book.is_local_corpus() else 480, 0)
 
     def targets(self) -> list[str]:
-        return [self.cache_dir]
+        return [self.cache_manifest]

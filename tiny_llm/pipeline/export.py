@@ -29,6 +29,13 @@ class ExportPlan:
         self.enabled: bool = section["default_target"]
         self.runs = list(runs) if section["runs"] else []
         self.best = self.best_rankings(campaign) if section["campaign"] else {}
+        folders = {fill(EXPORT_RUN, run=run): run for run in self.runs}
+        taken = sorted(set(folders) & {fill(EXPORT_BEST, size=size) for size in self.best})
+        if taken:
+            raise ConfigError(
+                f"runs: run {folders[taken[0]]} and the best run of a campaign size would both export to "
+                f"{taken[0]}; rename the run or set export.runs or export.campaign to false"
+            )
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
         files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 

@@ -1,7 +1,7 @@
 """Files whose content the plan decides (recipes, tuning profiles, campaign settings), and their digests.
 
-A rule writes each one; the jobs that read it take it as an ``ancient`` input and its digest as a param, so a
-rewrite with the same content never reruns them and a change of content always does.
+A rule writes each one, only when its content changes (the content is that rule's param); the jobs that read
+it take it as a plain input, so the call that rewrites a file also reruns them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class PlanFiles:
         return content_digest(self._content[path])
 
     def digest_of(self, paths: list[str]) -> str:
-        """The digests of those ``paths`` that are plan files (a job's param: changes when they do)."""
+        """The digests of those ``paths`` that are plan files: changes exactly when their content does."""
         return " ".join(self.digest(path) for path in paths if path in self._content)
 
     def pattern(self) -> str:

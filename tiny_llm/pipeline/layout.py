@@ -53,6 +53,7 @@ EXPORTS_JSON = "results/report/exports/exports.json"
 
 # ----------------------------------------------------------------------------- analysis
 # <settings_tag> names the measured settings (s32-r32-seed42, ...); <checkpoint_name> is epoch-NNN or final.
+ANALYSIS_RUN_DIR = "results/analysis/{analysed_run}"
 ANALYSIS_JOB = "results/analysis/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}/result.json"
 ANALYSIS_SUMMARY = "results/analysis/{analysed_run}/{settings_tag}/summary.csv"
 ANALYSIS_MANIFEST = "results/analysis/{analysed_run}/{settings_tag}/manifest.json"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,27 @@ def validate_config(config: dict[str, Any], schema: dict[str, Any], sources: str
     coerce_numbers(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        lines = "\n  ".join(schema_problem(error) for error in errors)
+    problems = [schema_problem(error) for error in errors] + non_finite_numbers(config)
+    if problems:
+        lines = "\n  ".join(problems)
         raise ConfigError(f"invalid workflow config ({sources or 'the workflow config'}):\n  {lines}")
     fill_defaults(config, schema)
+
+
+def non_finite_numbers(instance: Any, where: str = "") -> list[str]:
+    """``key: NaN/infinity ...`` for every NaN or infinite number (JSON has none; YAML's .nan/.inf do)."""
+    if isinstance(instance, float) and not math.isfinite(instance):
+        return [f"{where or '(top level)'}: {instance} is not a finite number"]
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(instance, dict):
+        items = instance.items()
+    elif isinstance(instance, list):
+        items = enumerate(instance)
+    else:
+        return []
+    return [
+        p for key, value in items for p in non_finite_numbers(value, f"{where}.{key}" if where else str(key))
+    ]
 
 
 def schema_problem(error: jsonschema.ValidationError) -> str:

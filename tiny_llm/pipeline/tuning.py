@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.pipeline.data import cache_manifest
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
     TUNING_CANDIDATE,
@@ -98,7 +99,7 @@ class TuningPlan:
             "earlier": [self.candidate(name, s) for s in earlier],
         }
         if self.profiles[name]["data_mode"] == "real":
-            inputs["cache"] = self.book.config["data"]["cache_dir"]
+            inputs["cache"] = cache_manifest(self.book.config["data"]["cache_dir"])
         return inputs
 
     def candidates(self, name: str) -> list[str]:

@@ -29,7 +29,7 @@ from tiny_llm.campaign.ranking import (
     group_configurations as group_outcomes,
 )
 from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
-from tiny_llm.io import read_json_mapping, read_yaml
+from tiny_llm.io import is_replaced_run, read_json_mapping, read_yaml
 from tiny_llm.train.metrics import read_metrics
 
 SHAPE_KEYS = ("vocab_size", "num_layers", "width", "num_heads", "ffn_width", "context_length")
@@ -300,7 +300,7 @@ def collect_runs(runs_dir: str | Path) -> list[RunRecord]:
     root = Path(runs_dir)
     if not root.is_dir():
         raise DataError(f"runs directory not found: {root}")
-    found = sorted(p.parent for p in root.rglob("result.json"))
+    found = sorted(p.parent for p in root.rglob("result.json") if not is_replaced_run(p.parent))
     if not found:
         raise DataError(f"no finished runs (result.json) under {root}; train some runs first")
     sizes, shapes, members = _campaign_sizes(root), _preset_shapes(), _campaign_configurations(root)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import os
@@ -22,6 +23,7 @@ import torch
 
 from tiny_llm.config import RecipeConfig
 from tiny_llm.errors import ConfigError, RunStateError
+from tiny_llm.io import note_lock_holder, open_lock_file, private_directory
 from tiny_llm.runtime.compile_cache import setup_compile_cache
 
 # Lock files that keep parallel local jobs on different GPUs; held for the life of the process.
@@ -42,15 +44,17 @@ def default_cpu_threads() -> int:
 
 
 def gpu_lock_dir() -> Path:
-    """TINY_LLM_GPU_LOCK_DIR, else a directory of this user's under the system temp directory.
+    """TINY_LLM_GPU_LOCK_DIR, else a private directory of this user's (0700, owner checked) under
+    XDG_RUNTIME_DIR when set, else under the system temp directory.
 
-    Per user, so that no other user's directory or files (created with their umask) stand in the way on a
-    shared host; a Slurm job's GPU is its own anyway. Name one shared directory to coordinate users.
+    Private, so that no other user can plant files or links in it on a shared host; a Slurm job's GPU is its
+    own anyway. Name one shared directory to coordinate users.
     """
     explicit = os.environ.get("TINY_LLM_GPU_LOCK_DIR")
     if explicit:
         return Path(explicit)
-    return Path(tempfile.gettempdir()) / f"tiny-llm-gpu-locks-{os.getuid()}"
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"tiny-llm-gpu-locks-{os.getuid()}"
 
 
 class GpuLocksUnavailable(OSError):
@@ -58,13 +62,21 @@ class GpuLocksUnavailable(OSError):
 
 
 def _open_lock(path: Path) -> int:
-    """An fd to flock ``path`` with: read-write, else read-only (flock needs no write access)."""
+    """An fd to flock ``path`` with, never through a symbolic link: read-write, else (in a shared
+    TINY_LLM_GPU_LOCK_DIR) read-only, since flock needs no write access. The default directory is private:
+    another user's, or a link, is refused."""
+    shared = bool(os.environ.get("TINY_LLM_GPU_LOCK_DIR"))
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if shared:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        else:
+            private_directory(path.parent)
+        return open_lock_file(path, 0o644 if shared else 0o600)
     except OSError as exc:
-        try:
-            return os.open(path, os.O_RDONLY)  # another user's lock file in a shared directory
+        if not shared or exc.errno in (errno.ELOOP, errno.EINVAL):
+            raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {exc.filename or path}") from exc
+        try:  # another user's lock file in a shared directory
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {path}") from exc
 
@@ -85,8 +97,7 @@ def claim_first_free(lock_paths: Sequence[Path]) -> int | None:
             os.close(fd)
             raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {path}") from exc
         with contextlib.suppress(OSError):  # the holder's pid, for people; read-only fds skip it
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+            note_lock_holder(fd)
         _GPU_LOCKS.append(fd)
         return index
     return None

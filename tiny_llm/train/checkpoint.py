@@ -19,7 +19,7 @@ STATE_FORMAT = "tiny-llm-train-state"
 STATE_VERSION = 1
 LATEST, FINAL = "latest.pt", "final.pt"
 SET_ASIDE_SUFFIX = ".corrupt"
-"""A damaged state file is renamed ``<name>.corrupt`` (kept for inspection, never deleted)."""
+"""A damaged state file is renamed ``<name>.corrupt`` (then ``.corrupt-2``, ...; kept, never deleted)."""
 
 
 class DamagedStateError(RunStateError):
@@ -70,16 +70,35 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     atomic_torch_save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, path)
 
 
+def unreadable(path: Path, exc: BaseException) -> RunStateError:
+    """A state that could not be read for a reason other than damage (access, I/O, memory, a loader's
+    refusal): one line, and the file stays where it is."""
+    if isinstance(exc, MemoryError):
+        what = "out of memory"
+    elif isinstance(exc, OSError) and exc.strerror:
+        what = exc.strerror
+    else:
+        what = f"{type(exc).__name__}: {' '.join(str(exc).split('. ')[0].split())[:160]}"
+    return RunStateError(
+        f"cannot read training state {path} ({what}); nothing was changed: fix the cause and rerun"
+    )
+
+
 def verify_state_file(path: Path) -> None:
     """Check every record of the state's zip container against its CRC-32 (torch.save writes them;
-    torch.load reads neither them nor a truncated file's missing bytes until it is too late)."""
+    torch.load reads neither them nor a truncated file's missing bytes until it is too late). Only a failed
+    check is damage (DamagedStateError); an access, I/O or memory error is RunStateError."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except FileNotFoundError:
         raise RunStateError(f"resume state not found: {path}") from None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
         raise DamagedStateError(path, f"truncated or not a state file: {exc}") from None
+    except (OSError, MemoryError) as exc:
+        if isinstance(exc, OSError) and exc.errno is None:  # zipfile's own seek past a truncated end
+            raise DamagedStateError(path, f"truncated or not a state file: {exc}") from None
+        raise unreadable(path, exc) from None
     if bad is not None:
         raise DamagedStateError(path, f"checksum mismatch in record {bad}")
 
@@ -93,13 +112,14 @@ def load_state(path: Path, *, lazy: bool = False) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=lazy)
     except FileNotFoundError:
         raise RunStateError(f"resume state not found: {path}") from None
-    except Exception as exc:  # truncated or foreign file
-        first = str(exc).split(". ")[0]
-        raise DamagedStateError(
-            path, f"not a readable training state: {type(exc).__name__}: {first}"
-        ) from None
+    except (OSError, MemoryError) as exc:
+        raise unreadable(path, exc) from None
+    except Exception as exc:  # damaged (if its checksums fail) or refused by the loader
+        if lazy:
+            verify_state_file(path)  # DamagedStateError when it is damaged
+        raise unreadable(path, exc) from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise DamagedStateError(path, "not a tiny-llm training state file")
+        raise RunStateError(f"{path} is not a tiny-llm training state; move it away or pass another")
     if state.get("version") != STATE_VERSION:
         raise RunStateError(
             f"{path}: state version {state.get('version')} is not supported; resume it with the tiny-llm "
@@ -117,7 +137,8 @@ def _header_step(path: Path) -> int:
     try:
         return int(load_state(path, lazy=True)["progress"]["step"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise DamagedStateError(path, f"no progress step ({type(exc).__name__}: {exc})") from None
+        verify_state_file(path)  # DamagedStateError when it is damaged; else it is not ours to set aside
+        raise RunStateError(f"{path} holds no progress step ({type(exc).__name__}: {exc})") from None
 
 
 def newest_state(run_dir: Path) -> tuple[Path | None, list[str]]:
@@ -138,10 +159,18 @@ def newest_state(run_dir: Path) -> tuple[Path | None, list[str]]:
 
 
 def set_aside(path: Path) -> Path:
-    """Rename a damaged state to ``<name>.corrupt`` (replacing an older one) so no resume picks it again."""
-    aside = path.with_name(path.name + SET_ASIDE_SUFFIX)
-    os.replace(path, aside)
-    return aside
+    """Rename a damaged state to ``<name>.corrupt`` (``.corrupt-2``, ... when taken: an earlier one is never
+    overwritten) so no resume picks it again."""
+    number = 1
+    while True:
+        aside = path.with_name(path.name + SET_ASIDE_SUFFIX + (f"-{number}" if number > 1 else ""))
+        try:
+            os.link(path, aside)  # fails if ``aside`` exists, unlike a rename
+        except FileExistsError:
+            number += 1
+            continue
+        os.unlink(path)
+        return aside
 
 
 def newest_usable_state(

@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,14 @@ from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_paylo
 from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
 from tiny_llm.errors import DiskFullError, RunStateError
-from tiny_llm.io import atomic_write_json, atomic_write_yaml, exclusive_lock, read_json
+from tiny_llm.io import (
+    REPLACED_INFIX,
+    atomic_write_json,
+    atomic_write_yaml,
+    exclusive_lock,
+    fsync_dir,
+    read_json,
+)
 from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
@@ -74,6 +82,9 @@ class Progress:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Progress:
         return cls(**{**data, "window": Window(**data["window"])})
+
+
+LOCK_FILE = ".lock"
 
 
 class Trainer:
@@ -568,7 +579,64 @@ def resolve_resume(
             f"{run_dir} already holds training state ({existing[0].name}); pass --resume auto to continue it "
             "or choose a new runtime.output_dir"
         )
+    if (run_dir / "result.json").exists():
+        raise RunStateError(
+            f"{run_dir} already holds a finished run (result.json); choose a new runtime.output_dir "
+            "(--resume auto only confirms a run of the same recipe)"
+        )
     return None, None
+
+
+def recorded_identity(run_dir: Path) -> str | None:
+    """The recipe identity of the run ``run_dir`` holds: result.json's, else environment.json's (written
+    when the run started); None where no run has started."""
+    for name in ("result.json", "environment.json"):
+        try:
+            identity = read_json(run_dir / name).get("recipe_identity")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if identity:
+            return str(identity)
+    return None
+
+
+def set_aside_run(run_dir: Path, keep: Sequence[Path] = ()) -> Path:
+    """Move the run ``run_dir`` holds into a new sibling ``<name>.replaced-N`` (first free N), all but the
+    lock file and ``keep`` (the recipe files of the run about to start); nothing is deleted."""
+    kept = {os.path.abspath(path) for path in (*keep, run_dir / LOCK_FILE)}
+    number = 1
+    while True:
+        aside = run_dir.with_name(f"{run_dir.name}{REPLACED_INFIX}{number}")
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            number += 1
+    for entry in sorted(run_dir.iterdir()):
+        if os.path.abspath(entry) not in kept:
+            os.rename(entry, aside / entry.name)
+    fsync_dir(aside)
+    fsync_dir(run_dir)
+    return aside
+
+
+def check_identity(
+    run_dir: Path, identity: str, log: RunLog, set_aside_changed: bool, keep: Sequence[Path]
+) -> None:
+    """A directory holding a run of another recipe is refused, or with ``set_aside_changed`` moved aside:
+    a resume never mixes two identities, and no run's files are overwritten."""
+    previous = recorded_identity(run_dir)
+    if previous is None or previous == identity:
+        return
+    if not set_aside_changed:
+        raise RunStateError(
+            f"{run_dir} holds a run of another recipe (identity {previous[:12]}, this one {identity[:12]}); "
+            "choose a new runtime.output_dir or move that run away"
+        )
+    aside = set_aside_run(run_dir, keep)
+    log(
+        f"{run_dir} held a run of another recipe (identity {previous[:12]}); kept as {aside}; starting afresh"
+    )
 
 
 def already_complete(run_dir: Path, identity: str) -> bool:
@@ -595,20 +663,25 @@ def run_training(
     resume: str | None = None,
     quiet: bool = False,
     plan: Continuation | None = None,
+    *,
+    set_aside_changed: bool = False,
+    keep: Sequence[Path] = (),
 ) -> int:
     """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
     exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs. ``plan``: stop early
-    keeping states, or start from another run's state when the directory holds none."""
+    keeping states, or start from another run's state when the directory holds none. A directory holding a
+    run of another recipe is refused, or with ``set_aside_changed`` renamed aside (see check_identity)."""
     plan = plan or Continuation()
     run_dir = Path(recipe.runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
-    with exclusive_lock(run_dir / ".lock", f"run directory {run_dir}"), signals.stop_on_signals():
+    with exclusive_lock(run_dir / LOCK_FILE, f"run directory {run_dir}"), signals.stop_on_signals():
         for stale in run_dir.glob(".*.tmp"):  # temp files of a writer killed mid-write; the lock is ours now
             stale.unlink(missing_ok=True)
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
         trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
+        check_identity(run_dir, trainer.identity, log, set_aside_changed, keep)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE

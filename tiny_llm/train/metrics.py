@@ -17,10 +17,10 @@ RESUMABLE_EVENTS = ("train", "validation")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl ([] if there is none), up to the first line that is not a JSON object.
+    """The rows of a metrics.jsonl ([] if there is none); a line that is not a JSON object is skipped.
 
-    Rows are appended one line at a time, so such a line is one torn by a killed process or a full disk,
-    and only ever the last (resuming rewrites the file without it).
+    Rows are appended one line at a time, so a bad line is one torn by a killed process or a full disk, or one
+    damaged later: only that line is lost, never the rows after it (resuming rewrites the file without it).
     """
     path = Path(path)
     if not path.is_file():
@@ -30,10 +30,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            break
-        if not isinstance(row, dict):
-            break
-        rows.append(row)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

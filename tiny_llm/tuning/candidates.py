@@ -10,7 +10,7 @@ every file of the tuning DAG is known before anything runs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tiny_llm.campaign.templates import TUNED_KEYS
@@ -244,8 +244,6 @@ class TuningSchedule:
     min_start_seconds: float
     require_gpu_name: str | None = None
     allow_other_gpu: bool = False
-    worker_command: list[str] = field(default_factory=list)
-    """Empty = this Python's ``-m tiny_llm benchmark-worker``; tests substitute a fake worker."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,7 +255,7 @@ class TuningSchedule:
         raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}")
 
 
-def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -> TuningSchedule:
+def make_plan(profile: TuningProfile) -> TuningSchedule:
     recipe = base_recipe(profile)
     return TuningSchedule(
         profile=profile.name,
@@ -272,11 +270,13 @@ def make_plan(profile: TuningProfile, worker_command: list[str] | None = None) -
         min_start_seconds=profile.min_start_seconds,
         require_gpu_name=profile.require_gpu_name,
         allow_other_gpu=profile.allow_other_gpu,
-        worker_command=list(worker_command or []),
     )
 
 
 def plan_from_dict(data: dict[str, Any]) -> TuningSchedule:
+    """A plan read back from plan.json; a command in it (older plans had a test hook) is never taken: whoever
+    can write the file must not choose what the tuner runs."""
+    data = {k: v for k, v in data.items() if k != "worker_command"}
     slots = [Slot(**s) for s in data["slots"]]
     return TuningSchedule(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
 

@@ -142,8 +142,12 @@ def _reuse(record: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
     return {**record, **copied, "reused_from": twin.get("reused_from") or twin["name"], "wall_seconds": 0.0}
 
 
+WORKER: list[str] = [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
+"""The benchmark worker the tuner runs; tests replace it in-process (never read from a file)."""
+
+
 def worker_command(plan: TuningSchedule, paths: dict[str, Path]) -> list[str]:
-    base = plan.worker_command or [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
+    base = list(WORKER)
     p = plan.protocol
     cmd = [
         *base,
