@@ -3,9 +3,10 @@
     python benchmarks/state_save.py --config 20m 90m --repeat 3 --dir /tmp/state-save
 
 For each preset: build the engine on the CPU, run one optimizer update (so AdamW's moments exist, as in a
-real state), then time what the trainer does on SIGTERM: ``engine.state_dict()`` plus ``save_state`` (torch.save
-to a temporary file, fsync, rename) of ``latest.pt``, ``--repeat`` times; prints one JSON object with the
-file size and every timing. The context is shortened (it changes no parameter) so the update stays cheap.
+real state), then time what the trainer does on SIGTERM: ``engine.state_dict()`` plus ``save_state``
+(torch.save to a temporary file, fsync, rename) of ``latest.pt``, ``--repeat`` times; prints one JSON object
+with the file size and every timing. The context is shortened (it changes no parameter) so the update stays
+cheap.
 """
 
 from __future__ import annotations

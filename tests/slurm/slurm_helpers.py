@@ -218,8 +218,9 @@ def queued(slurm_ids: list[str]) -> list[str]:
 
 
 def counting_shims(directory: Path, commands: tuple[str, ...] = ("sacct", "squeue")) -> Path:
-    """A directory to put first on a controller's PATH: each of ``commands`` there appends one line (epoch time,
-    name) to ``directory/calls.log`` and then runs the real command, so a test sees each status query."""
+    """A directory to put first on a controller's PATH: each of ``commands`` there appends one line (epoch
+    time, name) to ``directory/calls.log`` and then runs the real command, so a test sees each status
+    query."""
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "calls.log"
     log.touch()

@@ -51,9 +51,8 @@ def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
     base = {"preset": "tiny", "threads": 1, "mem_mb": 1000}
 
     def repeated(passes: int) -> dict:
-        return {
-            "training": {"tokens_per_parameter": passes, "data_passes": passes, "epoch_tokens_per_parameter": 2}
-        }
+        training = {"tokens_per_parameter": passes, "data_passes": passes, "epoch_tokens_per_parameter": 2}
+        return {"training": training}
 
     return {
         "data": {"corpus": str(corpus), "tokenizer": str(tokenizer), "cache_dir": "results/data/cache"},

@@ -52,7 +52,8 @@ def test_profile_signals_jobs_before_their_time_limit_and_lets_slurm_requeue() -
     takes up to 15 s to write, benchmarks/README.md); a node failure or preemption is requeued by Slurm."""
     profile = load_profile()
     extras = [profile["default-resources"]["slurm_extra"]]
-    extras += [res["slurm_extra"] for res in profile.get("set-resources", {}).values() if "slurm_extra" in res]
+    per_rule = profile.get("set-resources", {}).values()
+    extras += [res["slurm_extra"] for res in per_rule if "slurm_extra" in res]
     for extra in extras:
         lead = re.search(r"--signal=TERM@(\d+)\b", extra)
         assert lead and int(lead.group(1)) >= 60, extra
