@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -197,8 +198,15 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
             raise RunStateError(
                 f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
             ) from None
+        except OSError as exc:  # e.g. NFS mounted `nolock`, Lustre without `-o flock`
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            raise RunStateError(
+                f"cannot lock {lock_path} ({exc.strerror}): its filesystem does not support flock; "
+                "put it on storage with working locks (README, 'Shared storage')"
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())  # who holds it, for a human
         yield
     finally:
         os.close(fd)
