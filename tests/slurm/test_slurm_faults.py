@@ -7,17 +7,23 @@
   state, the controller keeps waiting while Slurm holds the job pending (it polls `sacct` meanwhile and
   submits no retry of its own), and the same Slurm job, restarted, resumes the run.
 
-Budget: about 4 min on the CI box (a training run long enough to be interrupted, twice, plus Slurm's polling).
+- `benchmarks/faults.py --executor slurm`, short: one fault of each Slurm kind (scancel, time limit, requeue,
+  node down, kill -9 of the controller) in a 2 -> 2 campaign, rerun until complete, 0 differences.
+
+Budget: about 10 min on the CI box (runs long enough to be interrupted, a campaign twice, Slurm's polling).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -190,3 +196,22 @@ def test_a_requeued_job_resumes_and_the_controller_waits_for_it(setup: Setup) ->
     environment = json.loads((run_dir / "environment.json").read_text())
     assert environment["slurm"]["SLURM_JOB_ID"] == slurm_id
     assert json.loads((run_dir / "result.json").read_text())["step"] > step
+
+
+def load_fault_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_faulted_campaign_through_slurm_equals_the_uninterrupted_one(setup: Setup) -> None:
+    """The short version of `benchmarks/faults.py --executor slurm`: one fault of each Slurm kind."""
+    benchmark = load_fault_benchmark()
+    kinds = list(benchmark.SLURM_KINDS)
+    report = benchmark.run(setup.root / "faults", [1], len(kinds), shape="short", executor="slurm")
+    (seed,) = report["seeds"]
+    assert seed["faults_by_kind"] == dict.fromkeys(kinds, 1), json.dumps(seed, indent=1)
+    assert seed["runs_compared"] == 4
+    assert seed["differences"] == [], json.dumps(seed, indent=1)

@@ -58,7 +58,7 @@ def test_profile_signals_jobs_before_their_time_limit_and_lets_slurm_requeue() -
         lead = re.search(r"--signal=TERM@(\d+)\b", extra)
         assert lead and int(lead.group(1)) >= 60, extra
     assert profile["slurm-requeue"] is True
-    # sacct's "CANCELLED by <uid>" for an outside scancel is not a failure to plugin 2.8: it would wait forever
+    # sacct says "CANCELLED by <uid>" for an outside scancel: plugin 2.8 takes it for running, forever
     assert profile["slurm-status-command"] == "squeue"
 
 
