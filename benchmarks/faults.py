@@ -298,12 +298,13 @@ def inject_slurm(
     elif kind == "requeue":
         _slurm("scontrol", "requeue", job)
         release_held(workdir, [job])
-    else:  # node_down: every job on the node fails (NODE_FAIL) and Slurm requeues it
+    else:  # node_down: every job on the node fails (NODE_FAIL); Snakemake retries it (or Slurm requeues it)
         node = _slurm("squeue", "-h", "-j", job, "-o", "%N").strip()
         hit = {j: str(running[p].relative_to(workdir)) for p, j in jobs.items()}
         _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=faults benchmark")
         wait_until(lambda: not {j for j, s in slurm_jobs(workdir).items() if s == "RUNNING"} & set(hit), 60)
-        _slurm("scontrol", "update", f"nodename={node}", "state=resume")
+        if "down" in _slurm("sinfo", "-h", "-n", node, "-o", "%T").lower():  # ReturnToService may have
+            _slurm("scontrol", "update", f"nodename={node}", "state=resume")  # brought it back already
         release_held(workdir, list(hit))
         return f"node {node}: jobs {', '.join(sorted(hit))}", sorted(set(hit.values()))
     return f"job {job} ({run})", [run]
@@ -550,11 +551,19 @@ def fresh_copy(base: Path, dest: Path) -> Path:
 
 
 def reference(workdir: Path, base: Path, launch: list[str]) -> tuple[dict[str, Any], float]:
+    """The uninterrupted campaign's fingerprint and length; kept in reference.json and reused (a later
+    invocation on the same --workdir, e.g. more seeds, compares with the same reference)."""
+    saved = workdir / f"reference-{'slurm' if '--workflow-profile' in launch else 'local'}.json"
+    if saved.is_file():
+        kept = json.loads(saved.read_text())
+        return kept["fingerprint"], kept["seconds"]
     ref = fresh_copy(base, workdir / "reference")
     started = time.monotonic()
     if run_snakemake(ref, launch, "campaign", log="controller.log"):
         sys.exit(f"the uninterrupted campaign failed; see {ref / 'controller.log'}")
-    return fingerprint(ref), time.monotonic() - started
+    seconds = time.monotonic() - started
+    saved.write_text(json.dumps({"fingerprint": fingerprint(ref), "seconds": seconds}))
+    return fingerprint(ref), seconds
 
 
 def run(
