@@ -305,7 +305,8 @@ def inject_slurm(
         wait_until(lambda: not {j for j, s in slurm_jobs(workdir).items() if s == "RUNNING"} & set(hit), 60)
         if "down" in _slurm("sinfo", "-h", "-n", node, "-o", "%T").lower():  # ReturnToService may have
             _slurm("scontrol", "update", f"nodename={node}", "state=resume")  # brought it back already
-        release_held(workdir, list(hit))
+        # no release_held here: the node may still be ending the old instance, and a requeued job launched
+        # beside it fails ("Duplicate jobid"), drains the node and is held; Slurm's own hold waits it out
         return f"node {node}: jobs {', '.join(sorted(hit))}", sorted(set(hit.values()))
     return f"job {job} ({run})", [run]
 
