@@ -311,22 +311,29 @@ def inject_slurm(
     return f"job {job} ({run})", [run]
 
 
+def _stamped(lines: list[str], words: tuple[str, ...]) -> list[float]:
+    """Epoch seconds of run.log lines holding one of ``words`` (run.log has whole local seconds)."""
+    return [
+        time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+        for line in lines
+        if line[:4].isdigit() and any(word in line for word in words)
+    ]
+
+
 def recovery_seconds(workdir: Path, fault: Fault) -> float | None:
-    """Seconds from the fault until every run it hit trains again (run.log's next `start:` / `resumed from`
-    line; run.log has whole seconds); None when one never did (it had finished, or the fault missed it)."""
+    """Seconds from the fault until every run it hit trains again: run.log's next `start:` / `resumed from`
+    line after the state it saved on the fault (`interrupted at`), or after the fault itself when the trainer
+    was killed without saving; None when a run never did (it had finished, or the fault missed it)."""
     waits = []
     for run in fault.runs:
         log = workdir / run / "run.log"
         lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-        later = [
-            time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
-            for line in lines
-            if ("resumed from" in line or " start:" in line) and line[:4].isdigit()
-        ]
-        after = [stamp - fault.at_time for stamp in later if stamp >= int(fault.at_time)]
-        if not after:
+        saved = [s for s in _stamped(lines, ("interrupted at",)) if s >= int(fault.at_time)]
+        anchor = saved[0] if saved else int(fault.at_time)
+        later = [s for s in _stamped(lines, ("resumed from", " start:")) if s >= anchor]
+        if not later:
             return None
-        waits.append(min(after))
+        waits.append(later[0] - fault.at_time)
     return round(max(waits), 1) if waits else None
 
 
