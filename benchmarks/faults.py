@@ -5,7 +5,11 @@ uninterrupted one does.
     python benchmarks/faults.py --executor slurm --workdir DIR --shape short --seeds 1 2 3 4 --faults 8
 
 With ``--executor slurm`` every campaign job goes through profiles/slurm (account and partition of the
-cluster `sbatch` talks to, e.g. ../shared/slurm-local) and the faults are Slurm's (SLURM_KINDS below).
+cluster `sbatch` talks to, e.g. ../shared/slurm-local; run as a Slurm operator, e.g. root there) and the faults
+are Slurm's (SLURM_KINDS below); each fault also reports its recovery time, from the fault until every run it
+hit trains again. A requeued job is released at once instead of after Slurm's ~120-s hold, except after a
+node-down fault. The uninterrupted reference is kept in DIR/reference-<executor>.json: more seeds later on the
+same DIR compare with the same reference.
 
 A demo-like campaign on the CPU in deterministic mode (toy sizes, one stage-1 learning rate absurd enough to
 diverge) is run once without faults (the reference) and once per seed with ``--faults`` faults injected at
@@ -22,7 +26,8 @@ faults, drawn in turn from a seeded shuffle of the kinds:
 Then every run's final weights (sha256 of final.safetensors), result.json, metrics.jsonl and best.json, every
 stage ranking, the report's comparison.json and selected recipes are compared with the reference's: they
 must be identical, except the fields that measure time and memory (which no two runs share). Prints one JSON
-object: per seed the faults injected, the reruns needed and the differences found (goal 0).
+object: per seed the faults injected (with their recovery times), the reruns needed and the differences found
+(goal 0).
 
 The data stage (corpus, tokenizer, token cache) is built once and copied into every campaign directory, so
 only the campaign is interrupted. Scratch directories live under --workdir; the repository's results/ are
