@@ -5,7 +5,7 @@ uninterrupted one does.
     python benchmarks/faults.py --executor slurm --workdir DIR --shape short --seeds 1 2 3 4 --faults 8
 
 With ``--executor slurm`` every campaign job goes through profiles/slurm (account and partition of the
-cluster `sbatch` talks to, e.g. ../shared/slurm-local; run as a Slurm operator, e.g. root there) and the faults
+cluster `sbatch` talks to, e.g. ../shared/slurm-local; as a Slurm operator, e.g. root there) and the faults
 are Slurm's (SLURM_KINDS below); each fault also reports its recovery time, from the fault until every run it
 hit trains again. A requeued job is released at once instead of after Slurm's ~120-s hold, except after a
 node-down fault. The uninterrupted reference is kept in DIR/reference-<executor>.json: more seeds later on the
