@@ -198,7 +198,7 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
             raise RunStateError(
                 f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
             ) from None
-        except OSError as exc:  # e.g. NFS mounted `nolock`, Lustre without `-o flock`
+        except OSError as exc:  # e.g. NFSv3 with no lock manager (ENOLCK), Lustre mounted noflock (ENOSYS)
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
             raise RunStateError(

@@ -138,7 +138,7 @@ def test_second_preparer_fails_fast_and_first_finishes(small, tmp_path):
 
 
 def test_a_filesystem_without_flock_is_named_in_one_line(tmp_path, monkeypatch):
-    """NFS mounted `nolock` or Lustre without `-o flock` answer flock with ENOLCK / EOPNOTSUPP."""
+    """NFSv3 without a reachable lock manager answers flock with ENOLCK (Lustre mounted noflock: ENOSYS)."""
     import errno
     import fcntl
 
