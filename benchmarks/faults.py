@@ -37,6 +37,7 @@ untouched.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -296,6 +297,15 @@ def inject_slurm(
         return None
     pid = rng.choice(sorted(jobs))
     job, run = jobs[pid], str(running[pid].relative_to(workdir))
+    try:
+        return _hit_slurm_job(kind, workdir, job, run, jobs, running)
+    except subprocess.CalledProcessError:  # the job ended meanwhile: nothing hit, try again shortly
+        return None
+
+
+def _hit_slurm_job(
+    kind: str, workdir: Path, job: str, run: str, jobs: dict[int, str], running: dict[int, Path]
+) -> tuple[str, list[str]]:
     if kind == "scancel":
         _slurm("scancel", job)
     elif kind == "time_limit":  # the limit now (1 min): the profile's early SIGTERM is due at once
@@ -308,8 +318,8 @@ def inject_slurm(
         hit = {j: str(running[p].relative_to(workdir)) for p, j in jobs.items()}
         _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=faults benchmark")
         wait_until(lambda: not {j for j, s in slurm_jobs(workdir).items() if s == "RUNNING"} & set(hit), 60)
-        if "down" in _slurm("sinfo", "-h", "-n", node, "-o", "%T").lower():  # ReturnToService may have
-            _slurm("scontrol", "update", f"nodename={node}", "state=resume")  # brought it back already
+        # ReturnToService may bring it back by itself, even between a look and the resume
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
         # no release_held here: the node may still be ending the old instance, and a requeued job launched
         # beside it fails ("Duplicate jobid"), drains the node and is held; Slurm's own hold waits it out
         return f"node {node}: jobs {', '.join(sorted(hit))}", sorted(set(hit.values()))
@@ -412,6 +422,12 @@ def inject(kind: str, controller: subprocess.Popen | None, workdir: Path, rng: r
     return f"controller {controller.pid}"
 
 
+def _kill_if_running(process: subprocess.Popen) -> None:
+    """At exit (the benchmark failed): no controller left behind submitting jobs."""
+    if process.poll() is None:
+        process.kill()
+
+
 def fault_times(rng: random.Random, num_faults: int, span: tuple[float, float]) -> list[float]:
     """Seeded times on the campaign's running clock, one in each equal slice of ``span`` (seconds)."""
     low, high = span
@@ -453,6 +469,7 @@ def run_with_faults(
                 record.faults.append(Fault("truncate_latest", len(record.sessions) + 1, 0.0, target))
                 injected += 1
         controller = start_controller(workdir, launch)
+        atexit.register(_kill_if_running, controller)
         session_start = time.monotonic()
         retry_at = session_start
         while controller.poll() is None:
