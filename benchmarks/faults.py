@@ -2,6 +2,14 @@
 uninterrupted one does.
 
     python benchmarks/faults.py --workdir DIR [--seed 1 ...] [--faults 6] [--shape full|short] [--cores 2]
+    python benchmarks/faults.py --executor slurm --workdir DIR --shape short --seeds 1 2 3 4 --faults 8
+
+With ``--executor slurm`` every campaign job goes through profiles/slurm (account and partition of the
+cluster `sbatch` talks to, e.g. ../shared/slurm-local; as a Slurm operator, e.g. root there) and the faults
+are Slurm's (SLURM_KINDS below); each fault also reports its recovery time, from the fault until every run it
+hit trains again. A requeued job is released at once instead of after Slurm's ~120-s hold, except after a
+node-down fault. The uninterrupted reference is kept in DIR/reference-<executor>.json: more seeds later on the
+same DIR compare with the same reference.
 
 A demo-like campaign on the CPU in deterministic mode (toy sizes, one stage-1 learning rate absurd enough to
 diverge) is run once without faults (the reference) and once per seed with ``--faults`` faults injected at
@@ -18,7 +26,8 @@ faults, drawn in turn from a seeded shuffle of the kinds:
 Then every run's final weights (sha256 of final.safetensors), result.json, metrics.jsonl and best.json, every
 stage ranking, the report's comparison.json and selected recipes are compared with the reference's: they
 must be identical, except the fields that measure time and memory (which no two runs share). Prints one JSON
-object: per seed the faults injected, the reruns needed and the differences found (goal 0).
+object: per seed the faults injected (with their recovery times), the reruns needed and the differences found
+(goal 0).
 
 The data stage (corpus, tokenizer, token cache) is built once and copied into every campaign directory, so
 only the campaign is interrupted. Scratch directories live under --workdir; the repository's results/ are
@@ -28,6 +37,7 @@ untouched.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -47,6 +57,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("kill_job", "sigterm_controller", "sigint_controller", "kill_controller", "truncate_latest")
+SLURM_KINDS = ("scancel", "time_limit", "requeue", "node_down", "kill_controller")
+"""Faults of ``--executor slurm``: `scancel` of a training job, its time limit cut to what it has run,
+`scontrol requeue` (as preemption does), its node set DOWN (then resumed), kill -9 of the controller (then its
+jobs are cancelled, as the README says, and `--unlock`)."""
 TIMING_KEYS = {
     "tokens_per_second",
     "training_seconds",
@@ -115,7 +129,8 @@ def campaign_config(shape: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- running snakemake
 
 
-def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
+def snakemake_command(workdir: Path, launch: list[str], *args: str) -> list[str]:
+    """``launch``: how jobs run, ``["--cores", "2"]`` or ``["--workflow-profile", DIR]`` (Slurm)."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
     cmd += [
         "--directory",
@@ -124,7 +139,7 @@ def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
         str(workdir / "config.yaml"),
         "--replace-workflow-config",
     ]
-    return [*cmd, "--cores", str(cores), *args]
+    return [*cmd, *launch, *args]
 
 
 def _process_options(workdir: Path, out: Any) -> dict[str, Any]:
@@ -133,16 +148,16 @@ def _process_options(workdir: Path, out: Any) -> dict[str, Any]:
     return {"cwd": workdir, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, **streams}
 
 
-def run_snakemake(workdir: Path, cores: int, *args: str, log: str, timeout: float = 1800) -> int:
+def run_snakemake(workdir: Path, launch: list[str], *args: str, log: str, timeout: float = 1800) -> int:
     with open(workdir / log, "a") as out:
-        command = snakemake_command(workdir, cores, *args)
+        command = snakemake_command(workdir, launch, *args)
         return subprocess.run(command, timeout=timeout, **_process_options(workdir, out)).returncode
 
 
-def start_controller(workdir: Path, cores: int) -> subprocess.Popen:
+def start_controller(workdir: Path, launch: list[str]) -> subprocess.Popen:
     """The campaign in its own session, so only the signals sent here reach it."""
     out = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed with the process
-    command = snakemake_command(workdir, cores, "campaign")
+    command = snakemake_command(workdir, launch, "campaign")
     return subprocess.Popen(command, start_new_session=True, **_process_options(workdir, out))
 
 
@@ -191,6 +206,153 @@ def kill_leftovers(workdir: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+# ----------------------------------------------------------------------------- Slurm
+
+
+def _slurm(*command: str) -> str:
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def slurm_profile(workdir: Path) -> Path:
+    """profiles/slurm for the cluster `sbatch` talks to: its first account of this user and default
+    partition, status checks from 1 s (jobs here take seconds), CPU only; the workflow config comes from the
+    command line."""
+    profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout
+    accounts = _slurm("sacctmgr", "-n", "-P", "-s", "list", "user", user.strip(), "format=account").split()
+    partitions = _slurm("sinfo", "-h", "-o", "%P").split()
+    default = [p.rstrip("*") for p in partitions if p.endswith("*")] or [p.rstrip("*") for p in partitions]
+    if not accounts or not default:
+        sys.exit(f"no Slurm account ({accounts}) or partition ({partitions}) for {user.strip()}")
+    profile["default-resources"].update(slurm_account=accounts[0], slurm_partition=default[0])
+    for key in ("configfile", "replace-workflow-config", "set-resources"):
+        profile.pop(key, None)
+    profile["slurm-init-seconds-before-status-checks"] = 1
+    directory = workdir / "slurm-profile"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    return directory
+
+
+def slurm_jobs(workdir: Path) -> dict[str, str]:
+    """This workdir's Slurm jobs still in the queue: job id -> state (PENDING, RUNNING, COMPLETING...)."""
+    jobs = {}
+    for line in _slurm("squeue", "-h", "-o", "%i|%T|%Z").splitlines():
+        job_id, state, cwd = line.split("|", 2)
+        if cwd == str(workdir):
+            jobs[job_id] = state
+    return jobs
+
+
+def slurm_job_of(pid: int) -> str | None:
+    """The Slurm job a process runs in."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ids = [item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"SLURM_JOB_ID=")]
+    return ids[0] if ids else None
+
+
+def wait_until(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def release_held(workdir: Path, job_ids: list[str]) -> None:
+    """Start requeued jobs now: Slurm otherwise holds a requeued job ~120 s (BeginTime) before it may run."""
+    pending = set(job_ids)
+
+    def released() -> bool:
+        states = slurm_jobs(workdir)
+        for job in sorted(pending):
+            if states.get(job) == "PENDING":
+                subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
+                pending.discard(job)
+            elif job not in states:
+                pending.discard(job)
+        return not pending
+
+    wait_until(released, 60)
+
+
+def cancel_slurm_jobs(workdir: Path) -> None:
+    """scancel every job of this workdir and wait until Slurm has none left (their trainers saved)."""
+    jobs = list(slurm_jobs(workdir))
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True)
+    wait_until(lambda: not slurm_jobs(workdir), 120)
+
+
+def inject_slurm(
+    kind: str, controller: subprocess.Popen, workdir: Path, rng: random.Random
+) -> tuple[str, list[str]] | None:
+    """One Slurm fault on a random running training job now: (what was hit, the run directories hit)."""
+    running = trainers(workdir)
+    jobs = {pid: job for pid in sorted(running) if (job := slurm_job_of(pid))}
+    if not jobs:
+        return None
+    pid = rng.choice(sorted(jobs))
+    job, run = jobs[pid], str(running[pid].relative_to(workdir))
+    try:
+        return _hit_slurm_job(kind, workdir, job, run, jobs, running)
+    except subprocess.CalledProcessError:  # the job ended meanwhile: nothing hit, try again shortly
+        return None
+
+
+def _hit_slurm_job(
+    kind: str, workdir: Path, job: str, run: str, jobs: dict[int, str], running: dict[int, Path]
+) -> tuple[str, list[str]]:
+    if kind == "scancel":
+        _slurm("scancel", job)
+    elif kind == "time_limit":  # the limit now (1 min): the profile's early SIGTERM is due at once
+        _slurm("scontrol", "update", f"jobid={job}", "TimeLimit=1")
+    elif kind == "requeue":
+        _slurm("scontrol", "requeue", job)
+        release_held(workdir, [job])
+    else:  # node_down: every job on the node fails (NODE_FAIL); Snakemake retries it (or Slurm requeues it)
+        node = _slurm("squeue", "-h", "-j", job, "-o", "%N").strip()
+        hit = {j: str(running[p].relative_to(workdir)) for p, j in jobs.items()}
+        _slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=faults benchmark")
+        wait_until(lambda: not {j for j, s in slurm_jobs(workdir).items() if s == "RUNNING"} & set(hit), 60)
+        # ReturnToService may bring it back by itself, even between a look and the resume
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+        # no release_held here: the node may still be ending the old instance, and a requeued job launched
+        # beside it fails ("Duplicate jobid"), drains the node and is held; Slurm's own hold waits it out
+        return f"node {node}: jobs {', '.join(sorted(hit))}", sorted(set(hit.values()))
+    return f"job {job} ({run})", [run]
+
+
+def _stamped(lines: list[str], words: tuple[str, ...]) -> list[float]:
+    """Epoch seconds of run.log lines holding one of ``words`` (run.log has whole local seconds)."""
+    return [
+        time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+        for line in lines
+        if line[:4].isdigit() and any(word in line for word in words)
+    ]
+
+
+def recovery_seconds(workdir: Path, fault: Fault) -> float | None:
+    """Seconds from the fault until every run it hit trains again: run.log's next `start:` / `resumed from`
+    line after the state it saved on the fault (`interrupted at`), or after the fault itself when the trainer
+    was killed without saving; None when a run never did (it had finished, or the fault missed it)."""
+    waits = []
+    for run in fault.runs:
+        log = workdir / run / "run.log"
+        lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        saved = [s for s in _stamped(lines, ("interrupted at",)) if s >= int(fault.at_time)]
+        anchor = saved[0] if saved else int(fault.at_time)
+        later = [s for s in _stamped(lines, ("resumed from", " start:")) if s >= anchor]
+        if not later:
+            return None
+        waits.append(later[0] - fault.at_time)
+    return round(max(waits), 1) if waits else None
+
+
 # ----------------------------------------------------------------------------- faults
 
 
@@ -201,6 +363,10 @@ class Fault:
     at_seconds: float
     """Seconds into the session."""
     target: str = ""
+    runs: list[str] = field(default_factory=list)
+    """Run directories it interrupted (Slurm faults), for the recovery time."""
+    at_time: float = 0.0
+    """Wall clock (epoch seconds) of the fault."""
 
 
 @dataclass
@@ -257,6 +423,12 @@ def inject(kind: str, controller: subprocess.Popen | None, workdir: Path, rng: r
     return f"controller {controller.pid}"
 
 
+def _kill_if_running(process: subprocess.Popen) -> None:
+    """At exit (the benchmark failed): no controller left behind submitting jobs."""
+    if process.poll() is None:
+        process.kill()
+
+
 def fault_times(rng: random.Random, num_faults: int, span: tuple[float, float]) -> list[float]:
     """Seeded times on the campaign's running clock, one in each equal slice of ``span`` (seconds)."""
     low, high = span
@@ -265,7 +437,7 @@ def fault_times(rng: random.Random, num_faults: int, span: tuple[float, float]) 
 
 
 def run_with_faults(
-    workdir: Path, seed: int, num_faults: int, span: tuple[float, float], cores: int, kinds: list[str]
+    workdir: Path, seed: int, num_faults: int, span: tuple[float, float], launch: list[str], kinds: list[str]
 ) -> FaultRun:
     """The campaign with ``num_faults`` faults at seeded random times; rerun until it completes.
 
@@ -297,7 +469,8 @@ def run_with_faults(
             if target is not None:
                 record.faults.append(Fault("truncate_latest", len(record.sessions) + 1, 0.0, target))
                 injected += 1
-        controller = start_controller(workdir, cores)
+        controller = start_controller(workdir, launch)
+        atexit.register(_kill_if_running, controller)
         session_start = time.monotonic()
         retry_at = session_start
         while controller.poll() is None:
@@ -305,7 +478,12 @@ def run_with_faults(
             kind = next_kind()
             due = kind is not None and ran_before + now - session_start >= times[len(record.faults)]
             if due and now >= retry_at:
-                target = inject(kind, controller, workdir, rng)
+                busy = sorted(str(r.relative_to(workdir)) for r in trainers(workdir).values())
+                if kind in ("scancel", "time_limit", "requeue", "node_down"):
+                    hit = inject_slurm(kind, controller, workdir, rng)
+                    target, runs = hit if hit is not None else (None, [])
+                else:
+                    target, runs = inject(kind, controller, workdir, rng), busy
                 if target is None:  # nothing to hit yet (no trainer, no interrupted run): try again shortly,
                     index = len(record.faults)  # a truncation after the next fault, which may interrupt one
                     if kind == "truncate_latest" and index + 1 < len(plan):
@@ -313,7 +491,9 @@ def run_with_faults(
                     retry_at = now + 0.5
                     continue
                 session = len(record.sessions) + 1
-                record.faults.append(Fault(kind, session, round(now - session_start, 2), target))
+                record.faults.append(
+                    Fault(kind, session, round(now - session_start, 2), target, runs, time.time())
+                )
                 injected += 1
                 killed = killed or kind == "kill_controller"
             time.sleep(0.05)
@@ -322,7 +502,9 @@ def run_with_faults(
         record.sessions.append(Session(injected, controller.returncode, round(elapsed, 1)))
         if killed:  # Snakemake's lock outlives a controller killed with -9
             record.unlocks += 1
-            run_snakemake(workdir, cores, "campaign", "--unlock", log="controller.log")
+            if "--workflow-profile" in launch:  # its Slurm jobs run on: cancel them (README, "Slurm")
+                cancel_slurm_jobs(workdir)
+            run_snakemake(workdir, launch, "campaign", "--unlock", log="controller.log")
         if controller.returncode == 0:  # complete (faults not injected by then are left out)
             break
     wait_for_no_trainers(workdir, timeout=120)  # orphans of a killed controller finish their run
@@ -388,7 +570,7 @@ def prepare_base(workdir: Path, shape: str, cores: int) -> Path:
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         (base / "config.yaml").write_text(yaml.safe_dump(campaign_config(shape), sort_keys=False))
-        if run_snakemake(base, cores, "data", log="data.log"):
+        if run_snakemake(base, ["--cores", str(cores)], "data", log="data.log"):
             sys.exit(f"data stage failed; see {base / 'data.log'}")
     return base
 
@@ -399,12 +581,20 @@ def fresh_copy(base: Path, dest: Path) -> Path:
     return dest
 
 
-def reference(workdir: Path, base: Path, cores: int) -> tuple[dict[str, Any], float]:
+def reference(workdir: Path, base: Path, launch: list[str]) -> tuple[dict[str, Any], float]:
+    """The uninterrupted campaign's fingerprint and length; kept in reference.json and reused (a later
+    invocation on the same --workdir, e.g. more seeds, compares with the same reference)."""
+    saved = workdir / f"reference-{'slurm' if '--workflow-profile' in launch else 'local'}.json"
+    if saved.is_file():
+        kept = json.loads(saved.read_text())
+        return kept["fingerprint"], kept["seconds"]
     ref = fresh_copy(base, workdir / "reference")
     started = time.monotonic()
-    if run_snakemake(ref, cores, "campaign", log="controller.log"):
+    if run_snakemake(ref, launch, "campaign", log="controller.log"):
         sys.exit(f"the uninterrupted campaign failed; see {ref / 'controller.log'}")
-    return fingerprint(ref), time.monotonic() - started
+    seconds = time.monotonic() - started
+    saved.write_text(json.dumps({"fingerprint": fingerprint(ref), "seconds": seconds}))
+    return fingerprint(ref), seconds
 
 
 def run(
@@ -414,11 +604,17 @@ def run(
     shape: str = "full",
     cores: int = 2,
     kinds: list[str] | None = None,
+    executor: str = "local",
 ) -> dict[str, Any]:
+    """``executor`` "slurm": every Snakemake job through profiles/slurm on the cluster `sbatch` talks to
+    (the data stage stays local), with the Slurm fault kinds by default."""
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     base = prepare_base(workdir, shape, cores)
-    expected, ref_seconds = reference(workdir, base, cores)
+    slurm = executor == "slurm"
+    launch = ["--workflow-profile", str(slurm_profile(workdir))] if slurm else ["--cores", str(cores)]
+    all_kinds = SLURM_KINDS if slurm else KINDS
+    expected, ref_seconds = reference(workdir, base, launch)
     # every fault falls well inside the uninterrupted campaign's length (the clock stops between sessions,
     # while the orphans of a killed controller may still finish work)
     span = (0.1 * ref_seconds, 0.7 * ref_seconds)
@@ -426,8 +622,10 @@ def run(
     for seed in seeds:
         target = fresh_copy(base, workdir / f"faults-seed{seed}")
         try:
-            record = run_with_faults(target, seed, num_faults, span, cores, list(kinds or KINDS))
+            record = run_with_faults(target, seed, num_faults, span, launch, list(kinds or all_kinds))
         finally:
+            if slurm:
+                cancel_slurm_jobs(target)
             kill_leftovers(target)
         found = fingerprint(target)
         diff = differences(expected, found)
@@ -443,8 +641,10 @@ def run(
                 ),
                 "faults_injected": len(record.faults),
                 "faults_planned_at_seconds": record.planned_seconds,
-                "faults_by_kind": {k: sum(f.kind == k for f in record.faults) for k in KINDS},
-                "faults": [asdict(f) for f in record.faults],
+                "faults_by_kind": {k: sum(f.kind == k for f in record.faults) for k in all_kinds},
+                "faults": [
+                    {**asdict(f), "recovery_seconds": recovery_seconds(target, f)} for f in record.faults
+                ],
                 "sessions": [asdict(x) for x in record.sessions],
                 "damaged_states_set_aside": corrupt,
                 "runs_compared": sum(key.endswith("/final.safetensors") for key in expected),
@@ -453,6 +653,7 @@ def run(
         )
     return {
         "shape": shape,
+        "executor": executor,
         "cores": cores,
         "reference_seconds": round(ref_seconds, 1),
         "fault_span_seconds": [round(s, 1) for s in span],
@@ -473,11 +674,19 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=6, help="faults per seed")
     parser.add_argument("--shape", choices=("full", "short"), default="full")
     parser.add_argument("--cores", type=int, default=2)
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, help="fault kinds to draw from (default: all)")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local")
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=sorted({*KINDS, *SLURM_KINDS}),
+        help="fault kinds to draw from (default: all of the executor's)",
+    )
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     seeds = [*(args.seed or []), *args.seeds] or [1]
-    report = run(args.workdir, seeds, args.faults, args.shape, args.cores, kinds=args.kinds)
+    report = run(
+        args.workdir, seeds, args.faults, args.shape, args.cores, kinds=args.kinds, executor=args.executor
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if args.output:

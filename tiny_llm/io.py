@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -261,12 +262,12 @@ def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
 
 
 def note_lock_holder(fd: int) -> None:
-    """Write our PID into a held lock file, for people, only when the file is this user's alone (one
+    """Write our host and PID into a held lock file, for people, only when the file is this user's alone (one
     link): a lock file linked to someone's data is never truncated."""
     info = os.fstat(fd)
     if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())  # who holds it, for a human
 
 
 @contextlib.contextmanager
@@ -291,6 +292,13 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
         except BlockingIOError:
             raise RunStateError(
                 f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
+            ) from None
+        except OSError as exc:  # e.g. NFSv3 with no lock manager (ENOLCK), Lustre mounted noflock (ENOSYS)
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            raise RunStateError(
+                f"cannot lock {lock_path} ({exc.strerror}): its filesystem does not support flock; "
+                "put it on storage with working locks (README, 'Shared storage')"
             ) from None
         note_lock_holder(fd)
         yield

@@ -64,13 +64,16 @@ def detect_cluster() -> Cluster:
     return Cluster(account=os.environ.get("TINY_LLM_SLURM_ACCOUNT", accounts[0]), partition=default[0])
 
 
-def derive_profile(dest: Path, cluster: Cluster, configfile: Path, cpu_only: bool) -> Path:
+def derive_profile(
+    dest: Path, cluster: Cluster, configfile: Path, cpu_only: bool, changes: dict | None = None
+) -> Path:
     """profiles/slurm with this cluster's account/partition and the test's workflow config.
 
     Everything else (runtime scaling, retries, latency-wait, logs, ...) is kept as shipped. ``cpu_only`` drops
     GPU requests the profile may add (clusters without GPUs). Status checks start after 1 s instead of 40 s:
     jobs here take seconds. A profile is needed (not command-line flags) because `--set-resources` on the
-    command line replaces the profile's set-resources instead of extending them.
+    command line replaces the profile's set-resources instead of extending them. ``changes`` are top-level
+    settings to replace, except `set-resources`, whose rules are added to the shipped ones.
     """
     profile = yaml.safe_load(PROFILE.read_text(encoding="utf-8"))
     profile["default-resources"]["slurm_account"] = cluster.account
@@ -83,6 +86,11 @@ def derive_profile(dest: Path, cluster: Cluster, configfile: Path, cpu_only: boo
             resources.pop("gpu", None)
         if any(per_rule.values()):
             profile["set-resources"] = {rule: res for rule, res in per_rule.items() if res}
+    for key, value in (changes or {}).items():
+        if key == "set-resources":
+            profile[key] = {**profile.get(key, {}), **value}
+        else:
+            profile[key] = value
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "config.yaml").write_text(yaml.safe_dump(profile, sort_keys=False), encoding="utf-8")
     return dest
@@ -135,8 +143,15 @@ def run_snakemake(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def start_snakemake(workdir: Path, profile_dir: Path, log: Path, *args: str) -> subprocess.Popen:
-    """A background controller in its own session, so a SIGINT sent to it reaches only it (like Ctrl-C)."""
+def start_snakemake(
+    workdir: Path, profile_dir: Path, log: Path, *args: str, path_first: Path | None = None
+) -> subprocess.Popen:
+    """A background controller in its own session, so a SIGINT sent to it reaches only it (like Ctrl-C).
+
+    ``path_first``: a directory put first on its PATH (see :func:`counting_shims`)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
     with log.open("w", encoding="utf-8") as out:
         return subprocess.Popen(
             snakemake_command(workdir, profile_dir, *args),
@@ -144,7 +159,7 @@ def start_snakemake(workdir: Path, profile_dir: Path, log: Path, *args: str) -> 
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
             start_new_session=True,
         )
 
@@ -200,3 +215,25 @@ def queued(slurm_ids: list[str]) -> list[str]:
     """Those of ``slurm_ids`` still pending, running or completing."""
     out = _query("squeue", "-h", "-t", "PD,R,CG,S,CF", "-o", "%i")
     return [job_id for job_id in out.split() if job_id in slurm_ids]
+
+
+def counting_shims(directory: Path, commands: tuple[str, ...] = ("sacct", "squeue")) -> Path:
+    """A directory to put first on a controller's PATH: each of ``commands`` there appends one line (epoch
+    time, name) to ``directory/calls.log`` and then runs the real command, so a test sees each status
+    query."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "calls.log"
+    log.touch()
+    for name in commands:
+        real = shutil.which(name)
+        if real is None:
+            continue
+        shim = directory / name
+        shim.write_text(f'#!/bin/sh\necho "$(date +%s.%N) {name}" >> "{log}"\nexec "{real}" "$@"\n')
+        shim.chmod(0o755)
+    return directory
+
+
+def shim_calls(directory: Path, name: str) -> int:
+    """How many times ``name`` ran through the shims of :func:`counting_shims`."""
+    return sum(1 for line in (directory / "calls.log").read_text().splitlines() if line.endswith(f" {name}"))

@@ -47,6 +47,21 @@ def test_profile_retries_with_more_time_and_tolerates_a_slow_filesystem() -> Non
     assert profile["slurm-keep-successful-logs"] is True
 
 
+def test_profile_signals_jobs_before_their_time_limit_and_lets_slurm_requeue() -> None:
+    """Every job, also those with their own slurm_extra, gets SIGTERM 120 s before its limit (a 90m state
+    takes up to 15 s to write, benchmarks/README.md); a node failure or preemption is requeued by Slurm."""
+    profile = load_profile()
+    extras = [profile["default-resources"]["slurm_extra"]]
+    per_rule = profile.get("set-resources", {}).values()
+    extras += [res["slurm_extra"] for res in per_rule if "slurm_extra" in res]
+    for extra in extras:
+        lead = re.search(r"--signal=TERM@(\d+)\b", extra)
+        assert lead and int(lead.group(1)) >= 60, extra
+    assert profile["slurm-requeue"] is True
+    # sacct says "CANCELLED by <uid>" for an outside scancel: plugin 2.8 takes it for running, forever
+    assert profile["slurm-status-command"] == "squeue"
+
+
 def job_blocks(dry_run: str) -> list[tuple[str, dict[str, str]]]:
     """(rule, resources) of every job a dry run lists."""
     blocks = []

@@ -137,6 +137,21 @@ def test_second_preparer_fails_fast_and_first_finishes(small, tmp_path):
     assert not prepare_cache(recipe, progress=False).reused
 
 
+def test_a_filesystem_without_flock_is_named_in_one_line(tmp_path, monkeypatch):
+    """NFSv3 without a reachable lock manager answers flock with ENOLCK (Lustre mounted noflock: ENOSYS)."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(RunStateError) as caught, exclusive_lock(tmp_path / "x.lock", "test"):
+        pass
+    message = str(caught.value)
+    assert "\n" not in message and "does not support flock" in message and "x.lock" in message
+
+
 def test_stale_partial_is_removed(small, tmp_path, capsys):
     stale = tmp_path / "killed.partial"
     stale.mkdir()

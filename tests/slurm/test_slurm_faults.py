@@ -1,0 +1,217 @@
+"""Faults only a Slurm cluster produces, through profiles/slurm on a real cluster.
+
+- A training job reaching its time limit: the early signal the profile asks sbatch for (`--signal=TERM@<s>`)
+  reaches the trainer inside the job step, which saves its state and stops before the limit; Snakemake's
+  retry (more time) resumes from that state and the run completes.
+- A running training job requeued by Slurm (`scontrol requeue`, as preemption does): the trainer saves its
+  state, the controller keeps waiting while Slurm holds the job pending (it polls `sacct` meanwhile and
+  submits no retry of its own), and the same Slurm job, restarted, resumes the run.
+
+- `benchmarks/faults.py --executor slurm`, short: one fault of each Slurm kind (scancel, time limit, requeue,
+  node down, kill -9 of the controller) in a 2 -> 2 campaign, rerun until complete, 0 differences.
+
+Budget: about 10 min on the CI box (runs long enough to be interrupted, a campaign twice, Slurm's polling).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from slurm_helpers import (
+    REPO,
+    REQUIRE_ENV,
+    Cluster,
+    counting_shims,
+    derive_profile,
+    detect_cluster,
+    run_snakemake,
+    shim_calls,
+    start_snakemake,
+    submitted_jobs,
+    unavailable_reason,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SIGNAL_LEAD = 40
+"""Seconds before the limit the time-limit test asks for SIGTERM (a 1-minute limit; the profile's is 120)."""
+
+
+def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
+    """`tiny` made long by repeating its data: `long` (6 passes, 1-minute limit) and `requeued` (4 passes).
+
+    Both sizes are in every config of this module, so the cache recipe never changes and it is prepared once.
+    Only a signal saves state here (no rolling checkpoint before the run ends).
+    """
+    base = {"preset": "tiny", "threads": 1, "mem_mb": 1000}
+
+    def repeated(passes: int) -> dict:
+        training = {"tokens_per_parameter": passes, "data_passes": passes, "epoch_tokens_per_parameter": 2}
+        return {"training": training}
+
+    return {
+        "data": {"corpus": str(corpus), "tokenizer": str(tokenizer), "cache_dir": "results/data/cache"},
+        "sizes": {
+            "long": {**base, "runtime_minutes": 1, "overrides": repeated(6)},
+            "requeued": {**base, "runtime_minutes": 10, "overrides": repeated(4)},
+        },
+        "recipe_defaults": {
+            "training": {"checkpoint_policy": "interval", "checkpoint_every": 100000, "log_every": 5}
+        },
+        "runs": runs,
+    }
+
+
+class Setup:
+    def __init__(self, root: Path, cluster: Cluster, corpus: Path, tokenizer: Path) -> None:
+        self.root, self.cluster, self.corpus, self.tokenizer = root, cluster, corpus, tokenizer
+
+    def profile(self, name: str, runs: dict, changes: dict | None = None) -> Path:
+        config = self.root / f"{name}.yaml"
+        text = yaml.safe_dump(workflow_config(self.corpus, self.tokenizer, runs), sort_keys=False)
+        config.write_text(text, encoding="utf-8")
+        return derive_profile(self.root / f"profile-{name}", self.cluster, config, True, changes)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory, tiny_corpus_dir: Path, tiny_tokenizer_dir: Path) -> Setup:
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV} is set but {reason}")
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm-faults")
+    shutil.copy(REPO / "workflow_config.yaml", root / "workflow_config.yaml")
+    return Setup(root, detect_cluster(), tiny_corpus_dir, tiny_tokenizer_dir)
+
+
+def sacct_rows(slurm_id: str) -> list[dict[str, str]]:
+    """Every instance of a job (`-D`: a requeued job's earlier runs too), oldest first."""
+    fields = ["JobID", "State", "ElapsedRaw", "Timelimit"]
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-D", "-j", slurm_id, "-o", ",".join(fields)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+
+
+def job_state(slurm_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", slurm_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def run_log(run_dir: Path) -> str:
+    return (run_dir / "run.log").read_text(encoding="utf-8")
+
+
+def assert_saved_then_resumed(log: str) -> int:
+    """run.log says the trainer saved its state on a signal and a later session resumed at that very step."""
+    saved = re.search(r"interrupted at step (\d+); state saved to (\S+latest\.pt)", log)
+    assert saved, log[-3000:]
+    step = int(saved.group(1))
+    assert step > 0, log[-3000:]
+    resumed = re.search(rf"resumed from \S+latest\.pt at step {step}/", log[saved.end() :])
+    assert resumed, f"no session resumed at step {step}:\n{log[-3000:]}"
+    return step
+
+
+def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Setup) -> None:
+    # The shipped profile's slurm_extra with a lead that fits a 1-minute limit; more retries than shipped,
+    # so a slow machine (another signal on the retry) still ends complete: every attempt resumes.
+    extra = f"'--signal=TERM@{SIGNAL_LEAD}'"
+    changes = {"set-resources": {"train_run": {"slurm_extra": extra}}, "retries": 3}
+    profile = setup.profile("timelimit", {"long": {"size": "long"}}, changes)
+    proc = run_snakemake(setup.root, profile, "results/runs/long/result.json", "--verbose", timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+
+    calls = [ln for ln in output.splitlines() if ln.startswith("sbatch call:") and "rule_train_run" in ln]
+    assert calls and all(f"--signal=TERM@{SIGNAL_LEAD}" in ln for ln in calls), calls
+    trainings = [job for job in submitted_jobs(output) if job.rule == "train_run"]
+    assert len(trainings) >= 2, output[-6000:]
+    first = sacct_rows(trainings[0].slurm_id)[-1]
+    # the trainer stopped on the early signal and the job failed before Slurm's limit killed it (not TIMEOUT)
+    assert first["State"] == "FAILED", first
+    assert int(first["ElapsedRaw"]) < 60, first
+    step = assert_saved_then_resumed(run_log(setup.root / "results/runs/long"))
+    result = json.loads((setup.root / "results/runs/long/result.json").read_text())
+    assert result["step"] > step
+
+
+def test_a_requeued_job_resumes_and_the_controller_waits_for_it(setup: Setup) -> None:
+    profile = setup.profile("requeue", {"requeued": {"size": "requeued"}})
+    run_dir = setup.root / "results/runs/requeued"
+    shims = counting_shims(setup.root / "shims-requeue")
+    log = setup.root / "controller-requeue.log"
+    controller = start_snakemake(
+        setup.root, profile, log, "results/runs/requeued/result.json", path_first=shims
+    )
+    try:
+
+        def training_id() -> str | None:
+            """The training job's Slurm id once it has logged an update."""
+            metrics = run_dir / "metrics.jsonl"
+            if not metrics.is_file() or '"event": "train"' not in metrics.read_text():
+                return None
+            jobs = [j for j in submitted_jobs(log.read_text()) if j.rule == "train_run"]
+            return jobs[0].slurm_id if jobs else None
+
+        assert wait_for(lambda: training_id() is not None or controller.poll() is not None, 300)
+        slurm_id = training_id()
+        assert slurm_id is not None, log.read_text()[-6000:]
+        subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
+        # Slurm holds a requeued job pending (about 2 min): the controller polls meanwhile and does not fail
+        assert wait_for(lambda: job_state(slurm_id) == "PENDING", 60), job_state(slurm_id)
+        polls = shim_calls(shims, "sacct")
+        assert wait_for(lambda: shim_calls(shims, "sacct") > polls or controller.poll() is not None, 240)
+        assert controller.poll() is None, log.read_text()[-6000:]
+        assert job_state(slurm_id) == "PENDING"
+        subprocess.run(["scontrol", "update", f"jobid={slurm_id}", "StartTime=now"], check=True, timeout=30)
+        assert controller.wait(timeout=600) == 0, log.read_text()[-6000:]
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+    output = log.read_text()
+    trainings = [job for job in submitted_jobs(output) if job.rule == "train_run"]
+    assert [job.slurm_id for job in trainings] == [slurm_id], "the controller submitted a job of its own"
+    assert wait_for(lambda: [r["State"] for r in sacct_rows(slurm_id)] == ["REQUEUED", "COMPLETED"], 30), (
+        sacct_rows(slurm_id)
+    )
+    step = assert_saved_then_resumed(run_log(run_dir))
+    environment = json.loads((run_dir / "environment.json").read_text())
+    assert environment["slurm"]["SLURM_JOB_ID"] == slurm_id
+    assert json.loads((run_dir / "result.json").read_text())["step"] > step
+
+
+def load_fault_benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_faulted_campaign_through_slurm_equals_the_uninterrupted_one(setup: Setup) -> None:
+    """The short version of `benchmarks/faults.py --executor slurm`: one fault of each Slurm kind."""
+    benchmark = load_fault_benchmark()
+    kinds = list(benchmark.SLURM_KINDS)
+    report = benchmark.run(setup.root / "faults", [1], len(kinds), shape="short", executor="slurm")
+    (seed,) = report["seeds"]
+    assert seed["faults_by_kind"] == dict.fromkeys(kinds, 1), json.dumps(seed, indent=1)
+    assert seed["runs_compared"] == 4
+    assert seed["differences"] == [], json.dumps(seed, indent=1)
