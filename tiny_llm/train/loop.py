@@ -681,7 +681,11 @@ def run_training(
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
         trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
-        check_identity(run_dir, trainer.identity, log, set_aside_changed, keep)
+        state_file = None if given is None else given[0]
+        if state_file is None or state_file.resolve().parent != run_dir.resolve():
+            # (an explicit resume from this directory's own state is refused by the state's own check,
+            # which names the key that changed)
+            check_identity(run_dir, trainer.identity, log, set_aside_changed, keep)
         if resume == "auto" and already_complete(run_dir, trainer.identity):
             log(f"{run_dir} is already complete")
             return EXIT_COMPLETE
