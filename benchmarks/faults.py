@@ -74,6 +74,7 @@ TIMING_KEYS = {
     "training_elapsed_seconds",
     "training_tokens_per_second",
     "median_tokens_per_second",
+    "evaluation_tokens_per_second",
 }
 """Fields that measure time or memory: they differ between any two runs, interrupted or not."""
 DIVERGING_LR = 100.0

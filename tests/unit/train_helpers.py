@@ -27,6 +27,7 @@ TIMING_KEYS = {
     "evaluation_peak_memory_bytes",
     "seconds",
     "mfu",
+    "evaluation_tokens_per_second",
 }
 
 
