@@ -205,6 +205,6 @@ def horizon_branch_state(wildcards) -> str:
     return or_exit(PLAN.horizons.branch_state, int(wildcards.horizon_seed), wildcards.horizon)
 
 
-def input_parents(wildcards, input) -> str:
-    """The directories of a rule's inputs (run directories, from their result.json)."""
-    return " ".join(str(Path(path).parent) for path in input)
+def input_parents(wildcards, input) -> list[str]:
+    """The directories of a rule's inputs (run directories, from their result.json), one argument each."""
+    return [str(Path(path).parent) for path in input]

@@ -228,6 +228,10 @@ def test_the_reference_wsd_horizon_study_dry_runs_to_3_trunks_and_15_branches(tm
     assert counts["train_trunk"] == 3 and counts["train_branch"] == 15 and counts["report_horizons"] == 1
     assert "--stop-at-step 22464 --keep-state-at 2808 5615 11231 16848" in proc.stdout
     assert "--from-state results/horizons/seed43/trunk/step-0011231.pt" in proc.stdout
+    # the report takes every branch directory as an argument of its own (each quoted alone)
+    report = next(line for line in proc.stdout.splitlines() if "horizons-report" in line)
+    runs = report.split("--runs ", 1)[1].split(" --output-dir", 1)[0].split(" ")
+    assert len(runs) == 15 and all(re.fullmatch(r"results/horizons/seed4[234]/h[0-9]+", run) for run in runs)
 
 
 @pytest.mark.parametrize(
