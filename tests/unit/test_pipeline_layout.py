@@ -143,3 +143,15 @@ def test_layout_module_is_the_table_and_nothing_else() -> None:
     names = {name for name in vars(layout) if not name.startswith("_")}
     functions = {name for name in names if callable(getattr(layout, name)) and not name[0].isupper()}
     assert functions <= {"fill", "wildcards", "patterns", "dataclass", "fields", "annotations"}
+
+
+def test_report_captions_name_wildcards_the_layout_has() -> None:
+    """A caption's `snakemake.wildcards.X` must be a wildcard of some pattern: a renamed one renders empty."""
+    known = set(re.findall(r"\{(\w+)\}", LAYOUT_FILE.read_text(encoding="utf-8")))
+    report = REPO / "report"
+    used = {
+        (caption.name, name)
+        for caption in report.glob("*.rst")
+        for name in re.findall(r"snakemake\.wildcards\.(\w+)", caption.read_text(encoding="utf-8"))
+    }
+    assert used and all(name in known for _, name in used), sorted(used)
