@@ -323,11 +323,14 @@ def parse_set(assignment: str) -> dict[str, Any]:
     return nested
 
 
-def load_recipe(configs: list[str] | None = None, sets: list[str] | None = None) -> RecipeConfig:
-    """Defaults <- each --config in order <- each --set in order, validated once."""
+def load_recipe(
+    configs: list[str] | None = None, sets: list[str] | None = None, overrides: dict[str, Any] | None = None
+) -> RecipeConfig:
+    """Defaults <- each --config in order <- ``overrides`` (nested) <- each --set in order, validated once."""
     merged: dict[str, Any] = {}
     for source in configs or []:
         merged = deep_merge(merged, read_config_source(source))
+    merged = deep_merge(merged, overrides or {})
     for assignment in sets or []:
         merged = deep_merge(merged, parse_set(assignment))
     return recipe_from_dict(merged)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -28,3 +31,27 @@ def tiny(**extra) -> dict:
     }
     config.update(extra)
     return config
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested mapping -> [(dotted.key, leaf value)]; lists and empty mappings are leaves."""
+    items: list[tuple[str, Any]] = []
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            items += flatten(value, f"{prefix}{key}.")
+        else:
+            items.append((f"{prefix}{key}", value))
+    return items
+
+
+def set_value(value: Any) -> str:
+    """A --set value the library's YAML parsing reads back as ``value``: plain strings bare, others JSON."""
+    if isinstance(value, str) and value.strip() == value and yaml.safe_load(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def earlier_form(profile: dict) -> dict:
+    """A tuning profile.yaml as the workflow wrote it before `overrides`: recipe keys as `sets` strings."""
+    rest = {key: value for key, value in profile.items() if key != "overrides"}
+    return {**rest, "sets": [f"{key}={set_value(value)}" for key, value in flatten(profile["overrides"])]}

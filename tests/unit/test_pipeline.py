@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, SCHEMA, plan_of, shipped, tiny
+from pipeline_helpers import REPO, SCHEMA, earlier_form, flatten, plan_of, set_value, shipped, tiny
 
 from tiny_llm.config import deep_merge, load_recipe, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline import write_plan_file
 from tiny_llm.pipeline.layout import PREPARE_RECIPE
-from tiny_llm.pipeline.recipes import flatten, set_value
+from tiny_llm.tuning.candidates import base_recipe, make_plan, profile_from_dict
 
 
 @pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])
@@ -203,7 +203,9 @@ def test_campaign_runs_threads_and_stages() -> None:
 def test_tuning_profile_file_and_slots() -> None:
     plan = plan_of(shipped("config/cluster.yaml"))
     profile = plan.files.content("results/gh200-tuning/profile.yaml")
-    assert profile["configs"] == ["20m"] and not any("batch" in s for s in profile["sets"])
+    assert profile["configs"] == ["20m"] and "sets" not in profile
+    assert profile["overrides"]["data"]["dataset"] == "allenai/c4"  # one nested mapping of recipe keys
+    assert "batch_tokens" not in profile["overrides"]["training"]
     assert "s1-m128-compile" in plan.tuning.slot_names("gh200")  # the reference's 20m production setting
     inputs = plan.tuning.candidate_inputs("gh200", "s1-m8-compile")
     assert inputs["plan"] == "results/gh200-tuning/plan.json"
@@ -224,12 +226,47 @@ def test_every_size_is_tuned_at_the_batch_its_campaign_trains_with(name: str) ->
     for profile in config["tuning"]["profiles"]:  # gh200 and h200 tune 20m, as the campaign runs it
         spec = plan.files.content(f"results/{profile}-tuning/profile.yaml")
         size = config["tuning"]["profiles"][profile]["size"]
-        tuned = load_recipe(spec["configs"], spec["sets"]).training.batch_tokens
+        tuned = base_recipe(profile_from_dict(profile, spec)).training.batch_tokens
         campaign_batch = campaign.get("batch_tokens", {}).get(size)
         if campaign_batch is None:
             campaign_batch = plan.book.size_recipe(size).training.batch_tokens
         assert tuned == campaign_batch, profile
     assert plan.campaign is not None and set(plan.campaign.tuned_sizes) == set(campaign["tuning"])
+
+
+@pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])
+def test_a_profiles_overrides_plan_what_its_earlier_sets_planned(name: str) -> None:
+    plan = plan_of(shipped(name))
+    for profile in plan.tuning.profiles:
+        content = plan.files.content(plan.tuning.profile_file(profile))
+        earlier = make_plan(profile_from_dict(profile, earlier_form(content))).to_dict()
+        now = make_plan(profile_from_dict(profile, content)).to_dict()
+        assert json.dumps(now) == json.dumps(earlier), profile  # to the bit: the same types too
+
+
+TUNED = {"size": "tiny", "space": "cpu", "overrides": {"optimizer": {"lr": 0.002}}}
+
+
+def test_an_earlier_profile_file_saying_the_same_is_kept_as_written(tmp_path: Path, monkeypatch) -> None:
+    """profile.yaml is write_plan_file's param: a tree planned before `overrides` must stay complete."""
+    monkeypatch.chdir(tmp_path)
+    path = "results/p-tuning/profile.yaml"
+    config = tiny(tuning={"profiles": {"p": TUNED}})
+    fresh = plan_of(config, check_files=True).files.content(path)
+    assert "sets" not in fresh and fresh["overrides"]["optimizer"] == {"lr": 0.002}
+    earlier = earlier_form(fresh)
+    write_plan_file(path, earlier)
+    kept = plan_of(config, check_files=True).files.content(path)
+    assert repr(kept) == repr(earlier)  # what Snakemake's params trigger compares
+    assert plan_of(config).files.content(path) == fresh  # without check_files nothing is read
+    changed = tiny(tuning={"profiles": {"p": {**TUNED, "overrides": {"optimizer": {"lr": 0.003}}}}})
+    assert plan_of(changed, check_files=True).files.content(path)["overrides"]["optimizer"] == {"lr": 0.003}
+    changed = tiny(tuning={"profiles": {"p": {**TUNED, "budget_minutes": 9}}})
+    assert plan_of(changed, check_files=True).files.content(path)["budget_minutes"] == 9
+    write_plan_file(path, {**earlier, "sets": [*earlier["sets"], "optimizer.lr=0.003"]})
+    assert plan_of(config, check_files=True).files.content(path) == fresh
+    write_plan_file(path, fresh)
+    assert plan_of(config, check_files=True).files.content(path) == fresh
 
 
 def campaign_tuned_at(batch_tokens: int | None, profile: str = "p") -> dict:

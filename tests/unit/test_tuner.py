@@ -10,11 +10,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tiny_llm.config import load_recipe
-from tiny_llm.errors import RunStateError, TinyLLMError
+from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
 from tiny_llm.tuning import tuner
-from tiny_llm.tuning.candidates import make_plan, make_slots, plan_from_dict, profile_from_dict, rank_results
+from tiny_llm.tuning.candidates import (
+    base_recipe,
+    make_plan,
+    make_slots,
+    plan_from_dict,
+    profile_from_dict,
+    rank_results,
+)
 
 # Throughput = micro x (3 if compiled) x attention factor x thread factor; behaviour knobs come
 # from FAKE_WORKER (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
@@ -101,7 +109,7 @@ def alive(pid: int) -> bool:
 def gpu_profile(**extra):
     data = {
         "configs": ["tiny"],
-        "sets": ["training.batch_tokens=2048"],  # 32 sequences of 64
+        "overrides": {"training": {"batch_tokens": 2048}},  # 32 sequences of 64
         "space": "gpu",
         "stage1": [[8, False], [8, True], [16, True], [4, False]],
         "threads": [1, 4, 8],
@@ -318,6 +326,32 @@ def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake
     assert main(argv) == 0  # every slot has its result: nothing is measured again
     assert len(calls(tmp_path)) == measured
     assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines[-1:]
+
+
+def test_tune_plan_takes_a_profile_of_overrides_or_of_earlier_sets_strings(tmp_path: Path) -> None:
+    """Profiles written by hand before `overrides` (configs and sets) still plan, and plan the same."""
+    from tiny_llm.cli import main
+
+    base = {"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1]}
+    overrides = {"training": {"batch_tokens": 2048, "micro_batch_size": 8}, "optimizer": {"lr": 1e-05}}
+    sets = ["training.batch_tokens=2048", "training.micro_batch_size=8", "optimizer.lr=1.0e-5"]
+    earlier = tmp_path / "earlier.yaml"
+    earlier.write_text(yaml.safe_dump({**base, "sets": sets}), encoding="utf-8")
+    plans = {}
+    for name, profile in (("now", json.dumps({**base, "overrides": overrides})), ("earlier", f"@{earlier}")):
+        output = tmp_path / f"{name}.json"
+        argv = ["tune", "plan", "--name", "c", "--profile", profile, "--output", str(output)]
+        assert main(argv) == 0
+        plans[name] = output.read_text()
+    assert plans["now"] == plans["earlier"]
+    recipe = json.loads(plans["now"])["base_recipe"]
+    assert recipe["training"]["batch_tokens"] == 2048 and recipe["optimizer"]["lr"] == 1e-05
+    both = {**base, "overrides": overrides, "sets": ["optimizer.lr=0.003"]}  # sets come after overrides
+    assert base_recipe(profile_from_dict("c", both)).optimizer.lr == 0.003
+    with pytest.raises(ConfigError, match=r"profiles.c.sets: --set expects dotted.key=value, got 'lr'"):
+        profile_from_dict("c", {**base, "sets": ["lr"]})
+    with pytest.raises(ConfigError, match=r"tuning.profiles.c.overrides: expected a mapping"):
+        profile_from_dict("c", {**base, "overrides": ["training.batch_tokens=2048"]})
 
 
 def test_a_plan_file_holds_no_command_and_one_given_is_never_run(tmp_path: Path) -> None:

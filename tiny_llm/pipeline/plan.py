@@ -79,7 +79,7 @@ class WorkflowPlan:
         self.runs = RunsPlan(
             self.book, self.files, dict.fromkeys(self.analysis.references("runs"), keep_epochs)
         )
-        self.tuning = TuningPlan(self.book, config["tuning"], self.files)
+        self.tuning = TuningPlan(self.book, config["tuning"], self.files, check_files)
         self.campaign = CampaignPlan(self.book, numerics_version, self.files, check_files)
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)

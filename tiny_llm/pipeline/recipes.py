@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from tiny_llm.config import RecipeConfig, deep_merge, read_config_source, recipe_from_dict
 from tiny_llm.errors import ConfigError
@@ -25,24 +22,6 @@ CACHE_FIELDS = (
     "shuffle_seed",
     "shuffle_buffer",
 )
-
-
-def flatten(mapping: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Nested mapping -> [(dotted.key, leaf value)]; lists and empty mappings are leaves."""
-    items: list[tuple[str, Any]] = []
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            items += flatten(value, f"{prefix}{key}.")
-        else:
-            items.append((f"{prefix}{key}", value))
-    return items
-
-
-def set_value(value: Any) -> str:
-    """A --set value the library's YAML parsing reads back as ``value``: plain strings bare, others JSON."""
-    if isinstance(value, str) and value.strip() == value and yaml.safe_load(value) == value:
-        return value
-    return json.dumps(value)
 
 
 class RecipeBook:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.io import canonical_json
 from tiny_llm.pipeline.data import cache_manifest
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
@@ -18,9 +19,9 @@ from tiny_llm.pipeline.layout import (
     TUNING_SELECTED,
     fill,
 )
-from tiny_llm.pipeline.recipes import RecipeBook, flatten, set_value
+from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.stage import Resources
-from tiny_llm.tuning.candidates import profile_from_dict, slot_names
+from tiny_llm.tuning.candidates import merge_sets, profile_from_dict, slot_names
 
 # Workflow-only keys of a profile (the rest are tiny_llm.tuning.candidates.TuningProfile fields).
 WORKFLOW_KEYS = ("size", "overrides")
@@ -29,7 +30,9 @@ WORKFLOW_KEYS = ("size", "overrides")
 class TuningPlan:
     enabled = True
 
-    def __init__(self, book: RecipeBook, section: dict[str, Any], files: PlanFiles) -> None:
+    def __init__(
+        self, book: RecipeBook, section: dict[str, Any], files: PlanFiles, check_files: bool = True
+    ) -> None:
         self.profiles: dict[str, dict[str, Any]] = section["profiles"]
         self.default_profiles: list[str] = list(section["default_profiles"])
         self.book = book
@@ -42,7 +45,8 @@ class TuningPlan:
                 self.slots[name] = slot_names(profile_from_dict(name, mapping))
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
-            files.add(self.profile_file(name), mapping)
+            path = self.profile_file(name)
+            files.add(path, _earlier_form_of(name, path, mapping) if check_files else mapping)
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:
@@ -50,14 +54,14 @@ class TuningPlan:
             raise ConfigError(f"{where}: tuning profile '{name}' is not defined here (profiles: {defined})")
 
     def profile_mapping(self, name: str) -> dict[str, Any]:
-        """The profile as `tune plan --profile` takes it: the size's preset and overrides as configs/sets."""
+        """The profile as `tune plan --profile` takes it: the size's preset as configs, then every recipe key
+        the workflow sets for the size and profile as one nested overrides mapping."""
         spec = self.profiles[name]
         size = spec["size"]
         self.book.check_size(size, f"tuning.profiles.{name}.size")
         overrides = self.book.overrides(size, spec["overrides"])
-        sets = [f"{key}={set_value(value)}" for key, value in flatten(overrides)]
         rest = {key: value for key, value in spec.items() if key not in WORKFLOW_KEYS}
-        return {**rest, "configs": [self.book.sizes[size]["preset"]], "sets": sets}
+        return {**rest, "configs": [self.book.sizes[size]["preset"]], "overrides": overrides}
 
     def schedule_file(self, name: str, config_dir: Path) -> str:
         """A profile's schedule (plan.json); for an undefined one, a line naming the config defining it."""
@@ -121,6 +125,23 @@ class TuningPlan:
 
     def cache_tokens_needed(self) -> list[int]:
         return []  # a candidate measures a few updates; the cache holds far more for any training run
+
+
+def _earlier_form_of(name: str, path: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    """The existing profile file if it has the earlier form (`sets` strings) and says exactly what ``mapping``
+    says, else ``mapping``. The file's content is write_plan_file's param: a tree written before `overrides`
+    keeps its file, so its tuning and everything after it stay complete."""
+    try:
+        existing = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return mapping
+    if not isinstance(existing, dict) or "sets" not in existing:
+        return mapping
+    try:
+        same = canonical_json(merge_sets(name, existing)) == canonical_json(mapping)
+    except (ConfigError, TypeError, ValueError):  # not a profile, or not JSON data: write the new form
+        return mapping
+    return existing if same else mapping
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:

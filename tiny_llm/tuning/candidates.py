@@ -10,11 +10,11 @@ every file of the tuning DAG is known before anything runs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tiny_llm.campaign.templates import TUNED_KEYS
-from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
+from tiny_llm.config import RecipeConfig, deep_merge, load_recipe, parse_set, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
@@ -74,8 +74,8 @@ class TuningProfile:
     name: str
     configs: tuple[str, ...]
     """Recipe presets or YAML files, merged in order."""
-    sets: tuple[str, ...] = ()
-    """dotted.key=value overrides applied after ``configs``."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Recipe keys (a nested mapping) merged over ``configs``."""
     space: SpaceKind = "gpu"
     require_gpu_name: str | None = None
     """The worker refuses a GPU whose name lacks this text (unless allow_other_gpu)."""
@@ -96,7 +96,25 @@ class TuningProfile:
     threads: tuple[int, ...] = (1, 4, 8)
 
 
-PROFILE_KEYS = frozenset(TuningProfile.__dataclass_fields__) - {"name"}
+# `sets`, dotted.key=value strings applied after `overrides`, is the earlier form of a profile's recipe keys:
+# still read (profiles written by hand, and profile.yaml files of existing result trees).
+PROFILE_KEYS = (frozenset(TuningProfile.__dataclass_fields__) - {"name"}) | {"sets"}
+
+
+def merge_sets(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A profile mapping with its `sets` strings, if any, merged into `overrides` (what the tuner takes)."""
+    out = {key: value for key, value in data.items() if key != "sets"}
+    overrides = out.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"tuning.profiles.{name}.overrides: expected a mapping of recipe keys")
+    sets = data.get("sets") or []
+    for assignment in [sets] if isinstance(sets, str) else sets:
+        try:
+            overrides = deep_merge(overrides, parse_set(str(assignment)))
+        except ConfigError as exc:
+            raise ConfigError(f"tuning.profiles.{name}.sets: {exc}") from None
+    out["overrides"] = overrides
+    return out
 
 
 def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
@@ -106,13 +124,13 @@ def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
         raise ConfigError(
             f"tuning.profiles.{name}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(PROFILE_KEYS))})"
         )
-    kwargs: dict[str, Any] = dict(data)
+    kwargs: dict[str, Any] = merge_sets(name, data)
     configs = kwargs.get("configs")
     if isinstance(configs, str):
         kwargs["configs"] = (configs,)
     if not kwargs.get("configs"):
         raise ConfigError(f"tuning.profiles.{name}.configs: name at least one recipe preset or file")
-    for key in ("configs", "sets", "attention_variants", "compile_modes", "cpu_amp_variants", "threads"):
+    for key in ("configs", "attention_variants", "compile_modes", "cpu_amp_variants", "threads"):
         if kwargs.get(key) is not None:
             kwargs[key] = tuple(kwargs[key])
     if "stage1" in kwargs:
@@ -141,7 +159,7 @@ def _check_profile(p: TuningProfile) -> None:
 
 def base_recipe(profile: TuningProfile) -> RecipeConfig:
     """The profile's recipe before any candidate change."""
-    return load_recipe(list(profile.configs), list(profile.sets))
+    return load_recipe(list(profile.configs), overrides=profile.overrides)
 
 
 # ----------------------------------------------------------------------------- stages
