@@ -35,7 +35,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", required=True, help="profile name (gh200, h200, cpu, ...)")
     parser.add_argument(
-        "--profile", required=True, help="the profile mapping as YAML/JSON text, or @FILE for a YAML file"
+        "--profile",
+        required=True,
+        help="the profile mapping (configs, overrides, protocol; the earlier sets strings are read too) as "
+        "YAML/JSON text, or @FILE for a YAML file",
     )
 
 
