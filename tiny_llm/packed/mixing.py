@@ -61,10 +61,13 @@ def mix_(
     scratch[k:].copy_(arena[: n - k])
     scratch[:k].copy_(arena[n - k :])
     # gamma (0.5 I + 0.5 P) + (1 - gamma) I = (1 - gamma/2) I + (gamma/2) P
-    if keep is None:
-        arena.mul_(1.0 - 0.5 * gamma).add_(scratch, alpha=0.5 * gamma)
-    else:
-        _assign(arena, arena.mul(1.0 - 0.5 * gamma).add_(scratch, alpha=0.5 * gamma), keep)
+    arena.mul_(1.0 - 0.5 * gamma).add_(scratch, alpha=0.5 * gamma)
+    if (
+        keep is not None
+    ):  # scratch holds the pre-mix rows shifted by k: put them back (no arena-sized temporary)
+        skip = keep > 0
+        torch.where(skip, scratch[k:], arena[: n - k], out=arena[: n - k])
+        torch.where(skip, scratch[:k], arena[n - k :], out=arena[n - k :])
 
 
 def _assign(arena: torch.Tensor, mixed: torch.Tensor, keep: torch.Tensor | None) -> None:
