@@ -148,19 +148,20 @@ class PackedEngine:
         gamma = self.gamma(lr, update)
         self.apply_update(lr, update, gamma)
         tokens = blocks.shape[0] * (blocks.shape[1] - 1)
+        # Deferred: slices of the copy ``values`` (under CUDA graphs ``local`` is memory a replay reuses).
         extra = {
-            "local_losses": local_list if self.guard is None else local.float(),
-            "local_grad_norms": norm_list if self.guard is None else norms,
+            "local_losses": local_list if self.guard is None else values[: self.num_models],
+            "local_grad_norms": norm_list if self.guard is None else values[self.num_models :],
             "update_tokens_per_model": tokens // self.num_models,
             "mixing_gamma": gamma,
             **self.mixing_facts(update, gamma),
         }
         # The logged loss is the workers' mean, the norm their max, as the reference logs them (each worker's
-        # own values are in extra). The FP64 mean of FP32 values is the host's sum / N.
+        # own values are in extra). The FP64 mean of the FP32 values is the host's sum / N to FP64 rounding.
         if self.guard is None:
             loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
             return StepStats(loss=loss, grad_norm=grad_norm, tokens=tokens, extra=extra)
-        summary = torch.stack([local.double().mean(), norms.double().max()])
+        summary = torch.stack([values[: self.num_models].double().mean(), norms.double().max()])
         return StepStats.deferred(summary, tokens, extra)
 
     def _check_now(self, values: torch.Tensor, step: int) -> tuple[list[float], list[float]]:
