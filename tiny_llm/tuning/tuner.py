@@ -192,7 +192,10 @@ def _measure(plan: TuningSchedule, paths: dict[str, Path], timeout: float) -> di
         worker = read_json(paths["worker"])
         summary = {k: worker.get(k) for k in WORKER_SUMMARY_KEYS}
         rates = [m["tokens_per_second"] for m in worker.get("measurements") or []]
-        noise = {"window_tokens_per_second": rates or None, "noise_tokens_per_second": window_noise(rates)}
+        noise = {
+            "window_tokens_per_second": rates or None,
+            "noise_tokens_per_second": window_noise(rates) if rates else None,
+        }
         return {**fields, **summary, **noise, "status": worker["status"], "error": worker.get("error")}
     tail = _log_tail(paths["log"])
     if returncode == 2:
