@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import io
+import math
 
 import pytest
 import torch
@@ -221,3 +223,73 @@ def test_export_writes_average_and_per_worker_files(tmp_path):
     assert set(root) == {name for name, _ in Llama(recipe.model).named_parameters()}
     for name, value in root.items():
         torch.testing.assert_close(value, (nodes[0][name] + nodes[1][name]) / 2)
+
+
+FUSED_MIXING = {
+    "awc-exponential": ("decentralized.topology=one_peer_exponential",),
+    "atc-ring-clipped": ("decentralized.scheme=atc", "decentralized.topology=one_peer_ring"),
+    "complete-adaptive": (
+        "decentralized.topology=complete",
+        "decentralized.adaptive_consensus={start_frac: 0.01, p: 1.0}",
+    ),
+}
+
+
+def fused_engine(*sets: str) -> PackedEngine:
+    return PackedEngine(packed_recipe("runtime.fused_optimizer=true", "optimizer.grad_clip=0.7", *sets), CPU)
+
+
+@pytest.mark.parametrize("sets", FUSED_MIXING.values(), ids=FUSED_MIXING.keys())
+def test_fused_update_with_its_device_guard_equals_the_read_per_update(sets):
+    """The sync-free update (device guard, clipping always applied, masked mixing) gives the same bits as the
+    fused update that reads every update's values, and the same logged values."""
+    guarded, plain = fused_engine(*sets), fused_engine(*sets)
+    assert guarded.guard is not None and guarded.optimizer.found_inf is guarded.guard.found_inf
+    plain.guard, plain.optimizer.found_inf = None, None
+    clipped = False
+    for step, blocks in enumerate(batches(guarded.recipe, 4, seed=5), start=1):
+        lr = 3e-2 / step
+        a, b = guarded.train_step(blocks, lr, step), plain.train_step(blocks, lr, step)
+        assert a.values is not None and b.values is None  # nothing read yet
+        assert a.loss == pytest.approx(b.loss, rel=1e-12) and a.grad_norm == b.grad_norm
+        assert a.extra == b.extra
+        clipped |= max(b.extra["local_grad_norms"]) > 0.7
+    assert clipped  # the clipping pass ran with a coefficient below 1
+    assert torch.equal(guarded.model.arena, plain.model.arena)
+    for name in ("exp_avg", "exp_avg_sq", "step"):
+        assert torch.equal(
+            torch.as_tensor(guarded.optimizer.state_dict()[name]),
+            torch.as_tensor(plain.optimizer.state_dict()[name]),
+        )
+    guarded.check_finite()
+
+
+@pytest.mark.parametrize("sets", FUSED_MIXING.values(), ids=FUSED_MIXING.keys())
+def test_fused_packed_update_skips_a_non_finite_update_on_the_device_and_every_later_one(sets):
+    engine = fused_engine(*sets)
+    data = batches(engine.recipe, 5, seed=7)
+    for step in (1, 2):
+        engine.train_step(data[step - 1], 1e-2, step)
+    arena = engine.model.arena.clone()
+    state = copy.deepcopy(engine.optimizer.state_dict())
+    finite = engine._loss
+    engine._loss = engine._compiled_loss = lambda i, t: finite(i, t) * torch.tensor([float("nan"), 1.0])
+    bad = engine.train_step(data[2], 1e-2, 3)  # worker 0's loss is NaN: no host read, no exception yet
+    engine._loss = engine._compiled_loss = finite
+    later = engine.train_step(data[3], 1e-2, 4)  # finite, but the run already failed at step 3
+    assert torch.equal(engine.model.arena, arena)
+    after = engine.optimizer.state_dict()
+    assert after["step"] == state["step"] == 2
+    assert torch.equal(after["exp_avg"], state["exp_avg"]) and torch.equal(
+        after["exp_avg_sq"], state["exp_avg_sq"]
+    )
+    assert math.isnan(bad.loss) and math.isfinite(later.loss)
+    with pytest.raises(NonFiniteError, match=r"step 3: non-finite loss \(local losses \[nan, "):
+        engine.check_finite()
+
+
+def test_unfused_packed_update_reads_every_update():
+    engine = PackedEngine(packed_recipe(), CPU)
+    assert engine.guard is None and not engine.optimizer.fused
+    stats = engine.train_step(batches(engine.recipe, 1)[0], 1e-3, 1)
+    assert stats.values is None and isinstance(stats.extra["local_losses"], list)

@@ -89,6 +89,20 @@ def test_in_place_mixing_applies_the_matrix(topology):
             torch.testing.assert_close(torch.stack([t[0] for t in lists]), arena, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_masked_mixing_keeps_the_arena_on_a_skip_and_mixes_the_same_bits_otherwise(topology):
+    torch.manual_seed(1)
+    n, d = 8, 130
+    for step in range(4):  # one-peer offsets 1, 2, 4 (exponential) and both ring directions
+        for gamma in (1.0, 0.25):
+            arena = torch.randn(n, d)
+            plain, kept, skipped = arena.clone(), arena.clone(), arena.clone()
+            mix_(plain, topology, step, gamma, torch.empty_like(arena))
+            mix_(kept, topology, step, gamma, torch.empty_like(arena), keep=torch.zeros(()))
+            mix_(skipped, topology, step, gamma, torch.empty_like(arena), keep=torch.ones(()))
+            assert torch.equal(kept, plain) and torch.equal(skipped, arena)
+
+
 def test_adaptive_consensus_gamma():
     lrs = [0.1, 0.2, 0.4, 0.3, 0.2, 0.1]
     sched = consensus_schedule(start_frac=0.5, p=2.0, step_lrs=lrs)
@@ -161,7 +175,7 @@ def test_packed_adamw_matches_torch_adamw_per_worker(fused):
             atol = 1e-6 if fused else 1e-7  # the fused kernel rounds in another order
             torch.testing.assert_close(layout.views(params)["w"][i], w.detach(), rtol=0, atol=atol)
             torch.testing.assert_close(layout.views(params)["scale"][i], s.detach(), rtol=0, atol=atol)
-        assert opt.step_count == step + 1
+        assert opt.steps_taken() == step + 1
     assert not params[:, 24:64].any()  # padding stays zero
 
 

@@ -14,6 +14,7 @@ from tiny_llm.config import load_recipe
 from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.errors import RunStateError
 from tiny_llm.packed.engine import PackedEngine
+from tiny_llm.packed.model import local_losses
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import dispatched_attention_kernels
 
@@ -109,3 +110,31 @@ def test_changing_topology_on_resume_is_rejected(straight_run, tiny_cache, tiny_
     changed = packed_recipe(tiny_cache, tiny_recipe_args, straight_run, "decentralized.topology=complete")
     with pytest.raises(RunStateError, match="decentralized.topology"):
         run_training(changed, resume=str(straight_run / "final.pt"), quiet=True)
+
+
+def test_a_non_finite_fused_packed_update_fails_the_run_at_its_own_step(
+    tiny_cache, tiny_recipe_args, tmp_path, monkeypatch
+):
+    """The fused packed update skips update 5 on the device; logging every 2 updates, the loop finds it at
+    step 6's row and fails the run at step 5, with the rows before it written (their worker lists read)."""
+    original, current = PackedEngine.train_step, [0]
+
+    def numbered(self, blocks, lr, step):
+        current[0] = step  # the update whose loss follows (not the attention-kernel probe's pass)
+        return original(self, blocks, lr, step)
+
+    def loss(self, inputs, targets):
+        local = local_losses(self.model, inputs, targets)
+        return local * (float("nan") if current[0] == 5 else 1.0)
+
+    monkeypatch.setattr(PackedEngine, "train_step", numbered)
+    monkeypatch.setattr(PackedEngine, "_loss", loss)
+    sets = ("runtime.fused_optimizer=true", "training.log_every=2", "training.checkpoint_every=100")
+    run_dir = tmp_path / "run"
+    assert run_training(packed_recipe(tiny_cache, tiny_recipe_args, run_dir, *sets), quiet=True) == 1
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "failed" and status["step"] == 4
+    assert status["error"].startswith("step 5: non-finite loss (local losses [nan, nan, nan, nan]")
+    train = [r for r in metric_rows(run_dir) if r["event"] == "train"]
+    assert [r["step"] for r in train] == [2, 4] and current[0] == 6
+    assert all(len(r["local_losses"]) == 4 and isinstance(r["local_losses"][0], float) for r in train)

@@ -122,7 +122,7 @@ def test_non_finite_loss_stops_with_step_and_reason() -> None:
 
 def test_fused_update_skips_a_non_finite_update_on_the_device_and_every_later_one() -> None:
     eng = engine("runtime.fused_optimizer=true")
-    assert eng.deferred_check and eng.optimizer.found_inf is eng.found_inf
+    assert eng.deferred_check and eng.optimizer.found_inf is eng.guard.found_inf
     for step in (1, 2):
         eng.train_step(blocks(8, step), 1e-3, step)
     weights = [p.detach().clone() for p in eng.params]

@@ -22,10 +22,14 @@ from tiny_llm.tuning.candidates import (
     plan_from_dict,
     profile_from_dict,
     rank_results,
+    rank_with_decisions,
+    stage_specs,
+    window_noise,
 )
 
-# Throughput = micro x (3 if compiled) x attention factor x thread factor; behaviour knobs come
-# from FAKE_WORKER (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
+# Throughput = micro x (3 if compiled) x attention factor x thread factor, or {"rates": {label: tps}};
+# three windows around it, {"spread": fraction} apart end to end; behaviour knobs come from FAKE_WORKER
+# (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
 FAKE_WORKER = textwrap.dedent(
     """
     import argparse, json, os, subprocess, sys, time
@@ -52,8 +56,12 @@ FAKE_WORKER = textwrap.dedent(
     tps = micro * (3 if comp else 1)
     tps *= {"flash": 1.5, "cudnn": 1.2}.get(r["runtime"]["sdpa_backend"], 1.0)
     tps *= {1: 0.5, 4: 1.01}.get(r["runtime"]["cpu_threads"], 1.0)
+    tps = knobs.get("rates", {}).get(label, tps)
+    spread = knobs.get("spread", 0.0)  # the windows' tokens/s: the median one, then -/+ spread/2 of it
+    windows = [{"tokens_per_second": tps * f} for f in (1 - spread / 2, 1.0, 1 + spread / 2)]
     status = "failed" if label in knobs.get("fail", []) else "ok"
     json.dump({"status": status, "tokens_per_second": tps if status == "ok" else None,
+               "measurements": windows if status == "ok" else None,
                "error": None if status == "ok" else "boom"}, open(args.output, "w"))
     """
 )
@@ -118,29 +126,45 @@ def gpu_profile(**extra):
     return profile_from_dict("fakegpu", data)
 
 
-def test_reference_stage1_order_skips_micro_above_batch():
+def test_reference_stage1_runs_compiled_first_and_skips_micro_above_batch():
     profile = profile_from_dict("g", {"configs": ["tiny"], "space": "gpu"})  # tiny: 16 sequences per update
     names = [s.name for s in make_slots(profile, load_recipe(["tiny"]))]
-    assert names[:6] == [
-        "s1-m8-eager",
+    assert names[:6] == [  # the reference's order within each group, compiled settings first
         "s1-m8-compile",
         "s1-m16-compile",
-        "s1-m4-eager",
         "s1-m4-compile",
+        "s1-m8-eager",
+        "s1-m4-eager",
         "s1-m16-eager",
     ]
     assert not any("m32" in n for n in names)
-    assert names[6:] == [
+    assert names[6:] == [  # no threads stage on a GPU
         "s2-r0-flash",
         "s2-r0-cudnn",
         "s2-r1-flash",
         "s2-r1-cudnn",
         "s3-r0-reduce-overhead",
         "s3-r0-max-autotune",
-        "s4-r0-t1",
-        "s4-r0-t4",
-        "s4-r0-t8",
     ]
+
+
+@pytest.mark.parametrize("space", ["gpu", "cpu"])
+def test_stage_lists_per_space(space):
+    """Compiled first in stage 1 in both spaces (a given list keeps its order within each group); the threads
+    stage only in the cpu space, even when a GPU profile names thread counts."""
+    stage1 = [[16, False], [32, False], [8, False], [16, True], [8, True]]
+    profile = profile_from_dict(
+        "p", {"configs": ["tiny"], "space": space, "stage1": stage1, "threads": [1, 2]}
+    )
+    specs = stage_specs(profile, batch_sequences=32)
+    labels = [v.label for v in specs[0].variants]
+    assert labels == ["m16-compile", "m8-compile", "m16-eager", "m32-eager", "m8-eager"]
+    names = [spec.name for spec in specs]
+    if space == "gpu":
+        assert names == ["micro_compile", "attention", "compile_mode"]
+    else:
+        assert names == ["micro_compile", "attention", "precision", "threads"]
+        assert [v.overrides for v in specs[3].variants] == [{"runtime.cpu_threads": n} for n in (1, 2)]
 
 
 def test_stage1_measures_the_20m_production_setting_at_its_batch():
@@ -148,9 +172,10 @@ def test_stage1_measures_the_20m_production_setting_at_its_batch():
     at 32,768 tokens (50m, 90m) micro batches above 32 sequences are skipped."""
     profile = profile_from_dict("g", {"configs": ["20m"], "space": "gpu"})
     names = [s.name for s in make_slots(profile, load_recipe(["20m"])) if s.stage == 1]
-    assert names[-2:] == ["s1-m64-compile", "s1-m128-compile"] and len(names) == 10
+    assert names[4:6] == ["s1-m64-compile", "s1-m128-compile"] and len(names) == 10
+    assert all(n.endswith("-compile") for n in names[:6]) and all(n.endswith("-eager") for n in names[6:])
     small = [s.name for s in make_slots(profile, load_recipe(["50m"])) if s.stage == 1]
-    assert small[-1] == "s1-m32-compile" and len(small) == 8
+    assert small[3] == "s1-m32-compile" and small[-1] == "s1-m32-eager" and len(small) == 8
 
 
 def test_cpu_space_varies_attention_precision_threads():
@@ -183,14 +208,12 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
     assert results["s2-r1-cudnn"]["parent"] == "s1-m8-compile"
     assert results["s2-r0-flash"]["tokens_per_second"] == pytest.approx(72.0)
     assert results["s3-r0-max-autotune"]["parent"] == "s2-r0-flash"
-    # compile-mode changes do not change the fake's speed, so the flash candidate stays best
-    assert results["s4-r0-t4"]["parent"] == "s2-r0-flash"
-    # tiny runs with cpu_threads null, so t8 is a new candidate; t4 is the fastest overall
-    assert summary["selected"]["name"] == "s4-r0-t4"
+    # compile modes do not change the fake's speed: the flash candidate stays best (no threads stage)
+    assert summary["selected"]["name"] == "s2-r0-flash"
     assert summary["budget_exhausted"] is False
     selected = load_recipe([str(tmp_path / "out" / "selected.yaml")])
     assert selected.training.micro_batch_size == 16 and selected.runtime.compile is True
-    assert selected.runtime.sdpa_backend == "flash" and selected.runtime.cpu_threads == 4
+    assert selected.runtime.sdpa_backend == "flash" and selected.runtime.cpu_threads is None
     assert summary["selected"]["settings"]["runtime.sdpa_backend"] == "flash"
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["done"] == progress["total"] == len(plan.slots)
@@ -199,11 +222,13 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
 
 def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
     fake()
-    plan = make_plan(gpu_profile(sets=["training.batch_tokens=2048", "runtime.cpu_threads=8"]))
+    sets = ["training.batch_tokens=2048", "runtime.cpu_threads=8"]
+    plan = make_plan(gpu_profile(space="cpu", sets=sets, cpu_amp_variants=[True]))
     run_all(plan, tmp_path / "out")
     t8 = json.loads((tmp_path / "out" / "candidates" / "s4-r0-t8.json").read_text())
-    assert t8["reused_from"] == "s2-r0-flash" and t8["wall_seconds"] == 0.0
-    assert t8["tokens_per_second"] == pytest.approx(72.0)
+    # the fake's speed ignores math/reference attention and BF16: stage 1's best stays best
+    assert t8["reused_from"] == "s1-m16-compile" and t8["wall_seconds"] == 0.0
+    assert t8["tokens_per_second"] == pytest.approx(48.0)
     assert len(calls(tmp_path)) == len(plan.slots) - 1
     assert [r["name"] for r in rank_results(tuner.collect_results(plan, tmp_path / "out"))].count(
         "s4-r0-t8"
@@ -211,16 +236,17 @@ def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
 
 
 def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake):
-    profile = gpu_profile(stage1=[[8, False], [16, True]], candidate_timeout_seconds=2.0, threads=[1])
+    profile = gpu_profile(stage1=[[16, True], [8, False], [4, False]], candidate_timeout_seconds=2.0)
     fake(hang=["m8-eager"])
     plan = make_plan(profile)
+    assert tuner.run_candidate(plan, "s1-m16-compile", tmp_path / "out")["status"] == "ok"
     tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
     hung = json.loads((tmp_path / "out" / "candidates" / "s1-m8-eager.json").read_text())
     # Killed at its 2 s timeout, long before the 120 s the worker would have hung.
     assert hung["status"] == "timeout" and 2.0 <= hung["wall_seconds"] < 60
     child = int((tmp_path / "child.pid").read_text())
     assert gone(child)  # the worker's own child died with its process group
-    result = tuner.run_candidate(plan, "s1-m16-compile", tmp_path / "out")
+    result = tuner.run_candidate(plan, "s1-m4-eager", tmp_path / "out")
     assert result["status"] == "ok"
 
 
@@ -263,7 +289,7 @@ def test_no_success_fails_clearly_and_user_error_stops(tmp_path: Path, fake):
 def test_later_slot_needs_earlier_results(tmp_path: Path, fake):
     fake()
     plan = make_plan(gpu_profile())
-    with pytest.raises(RunStateError, match="s1-m8-eager"):
+    with pytest.raises(RunStateError, match="s1-m8-compile"):
         tuner.run_candidate(plan, "s2-r0-flash", tmp_path / "out")
 
 
@@ -362,3 +388,69 @@ def test_a_plan_file_holds_no_command_and_one_given_is_never_run(tmp_path: Path)
         plan_from_dict(planted), {"recipe": tmp_path / "r", "worker": tmp_path / "w"}
     )
     assert command[:4] == [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
+
+
+def measured(name: str, rate: float, windows: list[float] | None = None, identity: str | None = None) -> dict:
+    return {
+        "name": name,
+        "status": "ok",
+        "identity": identity or name,
+        "tokens_per_second": rate,
+        "noise_tokens_per_second": window_noise(windows),
+    }
+
+
+def test_a_candidate_wins_only_by_more_than_its_window_noise():
+    baseline = measured("s1-m8-compile", 1000.0, [990.0, 1000.0, 1010.0])
+    # 0.5% faster, but its windows spread over 1%: the baseline (earlier) keeps first place
+    within = measured("s1-m8-eager", 1005.0, [1000.0, 1005.0, 1010.0])
+    ranked, decisions = rank_with_decisions([baseline, within])
+    assert [r["name"] for r in ranked] == ["s1-m8-compile", "s1-m8-eager"]
+    assert decisions[1]["kept_above"] == "s1-m8-compile" and decisions[1]["rank_when_measured"] == 1
+    assert decisions[1]["margin_tokens_per_second"] == pytest.approx(5.0)
+    assert decisions[1]["noise_tokens_per_second"] == pytest.approx(10.0)
+    assert decisions[1]["decision"].startswith("kept below s1-m8-compile: faster by 5 tokens/s, within")
+    # 5% faster with the same spread wins, and is placed above the one it beats
+    clear = measured("s1-m16-compile", 1050.0, [1045.0, 1050.0, 1055.0])
+    ranked, decisions = rank_with_decisions([baseline, within, clear])
+    assert [r["name"] for r in ranked] == ["s1-m16-compile", "s1-m8-compile", "s1-m8-eager"]
+    assert decisions[2]["beat"] == "s1-m8-compile" and decisions[2]["kept_above"] is None
+    assert decisions[2]["decision"].startswith("ranks first: faster than s1-m8-compile by 50 tokens/s")
+    # a tight candidate beats the baseline by less than 1% (more than its own small noise)
+    tight = measured("s1-m4-compile", 1004.0, [1003.5, 1004.0, 1004.2])
+    assert [r["name"] for r in rank_results([baseline, within, tight])] == [
+        "s1-m4-compile",
+        "s1-m8-compile",
+        "s1-m8-eager",
+    ]
+    # without window data (one window, older results): fastest first, ties keep run order
+    assert window_noise([1000.0]) == window_noise(None) == 0.0
+    plain = [measured("a", 1.0), measured("b", 2.0), measured("c", 2.0)]
+    assert [r["name"] for r in rank_results(plain)] == ["b", "c", "a"]
+    twin = measured("d", 3.0, identity="a")  # an identical candidate counts once
+    assert [r["name"] for r in rank_results([*plain, twin])] == ["b", "c", "a"]
+
+
+@pytest.mark.parametrize(("eager_rate", "selected"), [(1005.0, "s1-m8-compile"), (1100.0, "s1-m8-eager")])
+def test_tuning_keeps_the_compiled_baseline_unless_clearly_beaten(tmp_path: Path, fake, eager_rate, selected):
+    fake(rates={"m8-compile": 1000.0, "m8-eager": eager_rate}, spread=0.02)
+    profile = gpu_profile(stage1=[[8, False], [8, True]], attention_variants=[], compile_modes=[])
+    plan = make_plan(profile)
+    assert [s.name for s in plan.slots] == ["s1-m8-compile", "s1-m8-eager"]
+    summary = run_all(plan, tmp_path / "out")
+    assert summary["selected"]["name"] == selected
+    assert summary["selected"]["noise_tokens_per_second"] == pytest.approx(
+        0.02 * {"s1-m8-compile": 1000.0, "s1-m8-eager": eager_rate}[selected]
+    )
+    eager = json.loads((tmp_path / "out" / "candidates" / "s1-m8-eager.json").read_text())
+    assert eager["window_tokens_per_second"] == pytest.approx(
+        [eager_rate * 0.99, eager_rate, eager_rate * 1.01]
+    )
+    selection = summary["selection"]
+    assert selection["fastest_measured"] == "s1-m8-eager" and "spread" in selection["rule"]
+    assert [d["name"] for d in selection["decisions"]] == ["s1-m8-compile", "s1-m8-eager"]
+    header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[0]
+    assert f"selected candidate {selected}" in header
+    assert ("s1-m8-eager measured faster, within its window noise" in header) == (selected == "s1-m8-compile")
+    recipe = load_recipe([str(tmp_path / "out" / "selected.yaml")])
+    assert recipe.runtime.compile is (selected == "s1-m8-compile")

@@ -23,7 +23,7 @@ from tiny_llm.runtime.device import (
     uses_fused_optimizer,
     uses_reference_attention,
 )
-from tiny_llm.runtime.engine import NonFiniteError, StepStats, build_model, write_safetensors
+from tiny_llm.runtime.engine import FiniteGuard, NonFiniteError, StepStats, build_model, write_safetensors
 
 # Parameter views into an arena are strided; autograd warns about it but accumulates in place correctly.
 _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -72,6 +72,13 @@ class PackedEngine:
             recipe.optimizer,
             fused=uses_fused_optimizer(recipe, device),
         )
+        # As the ordinary engine: with the fused optimizer the finite check needs no host read per update.
+        # A device guard skips the first non-finite update's mixing and step, and every later one's, and
+        # check_finite() names that update. The unfused path keeps its one read per update and its bits.
+        self.guard: FiniteGuard | None = None
+        if self.optimizer.fused:
+            self.guard = FiniteGuard(device, 2 * self.num_models)
+            self.optimizer.found_inf = self.guard.found_inf
         self.consensus = build_consensus(recipe)
         self._scratch = torch.empty_like(self.model.arena)
         self.micro_batch_size = recipe.training.micro_batch_size
@@ -108,8 +115,10 @@ class PackedEngine:
         return 1.0 if self.consensus is None else self.consensus.gamma(update, lr)
 
     def mix_params(self, update: int, gamma: float) -> None:
-        """Mix the parameter arena with the topology's matrix of 0-based update ``update``."""
-        mix_(self.model.arena, self.topology, update, gamma, self._scratch)
+        """Mix the parameter arena with the topology's matrix of 0-based update ``update`` (not after a
+        non-finite update, on the device guard's word)."""
+        keep = None if self.guard is None else self.guard.found_inf
+        mix_(self.model.arena, self.topology, update, gamma, self._scratch, keep)
 
     def apply_update(self, lr: float, update: int, gamma: float) -> None:
         """Mixing and the AdamW step, in the scheme's order, from the (clipped) gradient arena."""
@@ -126,29 +135,55 @@ class PackedEngine:
         update = step - 1
         local = self.forward_backward(blocks)
         norms = worker_norms(self.model.grad_arena)
-        values = torch.cat([local.float(), norms]).tolist()  # one device sync per update
-        local_list, norm_list = values[: self.num_models], values[self.num_models :]
-        # The logged loss is the workers' mean, the norm their max, as the reference logs them (each worker's
-        # own values are in extra).
-        loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
-        if not all(math.isfinite(v) for v in local_list + norm_list):
-            self.model.grad_arena.zero_()
-            what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
-            raise NonFiniteError(step, f"non-finite {what} (local losses {local_list}, norms {norm_list})")
-        # Skip a pass over the arena when no worker clips.
-        if self.grad_clip is not None and needs_clipping(norm_list, self.grad_clip):
-            clip_rows_(self.model.grad_arena, norms, self.grad_clip)
+        values = torch.cat([local.float(), norms])
+        if self.guard is None:
+            local_list, norm_list = self._check_now(values, step)
+            # Skip a pass over the arena when no worker clips.
+            if self.grad_clip is not None and needs_clipping(norm_list, self.grad_clip):
+                clip_rows_(self.model.grad_arena, norms, self.grad_clip)
+        else:
+            self.guard.flag(values, step)
+            if self.grad_clip is not None:  # on the device: a coefficient of 1 leaves a row's bits as is
+                clip_rows_(self.model.grad_arena, norms, self.grad_clip)
         gamma = self.gamma(lr, update)
         self.apply_update(lr, update, gamma)
         tokens = blocks.shape[0] * (blocks.shape[1] - 1)
+        # Deferred: slices of the copy ``values`` (under CUDA graphs ``local`` is memory a replay reuses).
         extra = {
-            "local_losses": local_list,
-            "local_grad_norms": norm_list,
+            "local_losses": local_list if self.guard is None else values[: self.num_models],
+            "local_grad_norms": norm_list if self.guard is None else values[self.num_models :],
             "update_tokens_per_model": tokens // self.num_models,
             "mixing_gamma": gamma,
             **self.mixing_facts(update, gamma),
         }
-        return StepStats(loss=loss, grad_norm=grad_norm, tokens=tokens, extra=extra)
+        # The logged loss is the workers' mean, the norm their max, as the reference logs them (each worker's
+        # own values are in extra). The FP64 mean of the FP32 values is the host's sum / N to FP64 rounding.
+        if self.guard is None:
+            loss, grad_norm = sum(local_list) / len(local_list), max(norm_list)
+            return StepStats(loss=loss, grad_norm=grad_norm, tokens=tokens, extra=extra)
+        summary = torch.stack([values[: self.num_models].double().mean(), norms.double().max()])
+        return StepStats.deferred(summary, tokens, extra)
+
+    def _check_now(self, values: torch.Tensor, step: int) -> tuple[list[float], list[float]]:
+        """The workers' (losses, norms), read at once (one device sync); NonFiniteError before stepping."""
+        read = values.tolist()
+        local_list, norm_list = read[: self.num_models], read[self.num_models :]
+        if not all(math.isfinite(v) for v in read):
+            self.model.grad_arena.zero_()
+            raise NonFiniteError(step, self._reason(local_list, norm_list))
+        return local_list, norm_list
+
+    @staticmethod
+    def _reason(local_list: list[float], norm_list: list[float]) -> str:
+        what = "loss" if not all(map(math.isfinite, local_list)) else "gradient norm"
+        return f"non-finite {what} (local losses {local_list}, norms {norm_list})"
+
+    def check_finite(self) -> None:
+        """NonFiniteError for the first update skipped as non-finite (one device read); no-op otherwise."""
+        bad = None if self.guard is None else self.guard.first_bad()
+        if bad is not None:
+            step, values = bad
+            raise NonFiniteError(step, self._reason(values[: self.num_models], values[self.num_models :]))
 
     def mixing_facts(self, update: int, gamma: float) -> dict[str, Any]:
         """What the mixing of 0-based update ``update`` did, for the train rows.

@@ -32,18 +32,28 @@ def peers(topology: str, num_models: int, step: int) -> list[int]:
 
 
 @torch.no_grad()
-def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: torch.Tensor) -> None:
+def mix_(
+    arena: torch.Tensor,
+    topology: str,
+    step: int,
+    gamma: float,
+    scratch: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> None:
     """Apply ``W' = gamma W + (1 - gamma) I`` to the rows of ``arena`` [N, D] in place (``scratch`` has its
     shape); row i of W holds worker i's weights over all workers: 1/N each (complete), or 1/2 on itself and
-    1/2 on its ``peers`` entry."""
+    1/2 on its ``peers`` entry. ``keep``, a device flag, leaves ``arena`` unchanged where it is nonzero
+    (a skipped update) without a host read; the mixed values are the same bits either way."""
     if gamma == 0.0:
         return
     if topology == "complete":
         torch.mean(arena, dim=0, keepdim=True, out=scratch[:1])
         if gamma == 1.0:
-            arena.copy_(scratch[:1].expand_as(arena))
-        else:
+            _assign(arena, scratch[:1].expand_as(arena), keep)
+        elif keep is None:
             arena.mul_(1.0 - gamma).add_(scratch[:1], alpha=gamma)
+        else:
+            _assign(arena, arena.mul(1.0 - gamma).add_(scratch[:1], alpha=gamma), keep)
         return
     n = arena.shape[0]
     k = peer_offset(topology, n, step) % n
@@ -52,6 +62,19 @@ def mix_(arena: torch.Tensor, topology: str, step: int, gamma: float, scratch: t
     scratch[:k].copy_(arena[n - k :])
     # gamma (0.5 I + 0.5 P) + (1 - gamma) I = (1 - gamma/2) I + (gamma/2) P
     arena.mul_(1.0 - 0.5 * gamma).add_(scratch, alpha=0.5 * gamma)
+    if (
+        keep is not None
+    ):  # scratch holds the pre-mix rows shifted by k: put them back (no arena-sized temporary)
+        skip = keep > 0
+        torch.where(skip, scratch[k:], arena[: n - k], out=arena[: n - k])
+        torch.where(skip, scratch[:k], arena[n - k :], out=arena[n - k :])
+
+
+def _assign(arena: torch.Tensor, mixed: torch.Tensor, keep: torch.Tensor | None) -> None:
+    if keep is None:
+        arena.copy_(mixed)
+    else:
+        torch.where(keep > 0, arena, mixed, out=arena)
 
 
 @torch.no_grad()

@@ -78,18 +78,26 @@ def _fused_adamw_(
     beta2: float,
     eps: float,
     step: torch.Tensor,
+    found_inf: torch.Tensor | None = None,
 ) -> None:
     """The same update with PyTorch's fused AdamW kernel (CPU and CUDA): one pass over the arenas.
 
-    The kernel's decay is uniform, so the masked decoupled decay is applied first (as AdamW does).
+    The kernel's decay is uniform, so the masked decoupled decay is applied first (as AdamW does). With
+    ``found_inf`` 1 nothing changes, step included (the kernel skips itself, as under GradScaler).
     """
     if weight_decay:
-        param.mul_(torch.where(decay, 1.0 - lr * weight_decay, 1.0).to(param.dtype))
+        factor = torch.where(decay, 1.0 - lr * weight_decay, 1.0)
+        if found_inf is not None:
+            factor = torch.where(found_inf > 0, 1.0, factor)
+        param.mul_(factor.to(param.dtype))
     step.add_(1)
     torch._fused_adamw_(
         [param], [grad], [exp_avg], [exp_avg_sq], [], [step],
         lr=lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False,
+        found_inf=found_inf,
     )  # fmt: skip
+    if found_inf is not None:
+        step.sub_(found_inf)
 
 
 class PackedAdamW:
@@ -97,7 +105,9 @@ class PackedAdamW:
 
     Moments stay local to each worker (row i only ever sees worker i's gradients).
     ``decay_mask`` [D] is true where weight decay applies (>= 2-D tensors), false elsewhere.
-    ``fused`` uses PyTorch's fused AdamW kernel over the whole arena instead of separate tensor ops.
+    ``fused`` uses PyTorch's fused AdamW kernel over the whole arena instead of separate tensor ops; its step
+    count lives on the device, and a ``found_inf`` tensor set on the optimizer (1: skip) makes a step change
+    nothing without a host read.
     """
 
     def __init__(
@@ -114,27 +124,34 @@ class PackedAdamW:
         self.exp_avg = torch.zeros_like(params)
         self.exp_avg_sq = torch.zeros_like(params)
         self.step_count = 0
+        """Steps taken (the unfused path; the fused one counts in ``_step_tensor``)."""
         self._step_tensor = torch.zeros((), dtype=torch.float32, device=params.device)
+        self.found_inf: torch.Tensor | None = None
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
-        self.step_count += 1
         c = self.config
         if self.fused:
-            self._step_tensor.fill_(self.step_count - 1)
             _fused_adamw_(
                 self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.decay_mask,
-                lr, c.weight_decay, c.beta1, c.beta2, c.eps, self._step_tensor,
+                lr, c.weight_decay, c.beta1, c.beta2, c.eps, self._step_tensor, self.found_inf,
             )  # fmt: skip
             return
+        if self.found_inf is not None:
+            raise ValueError("found_inf needs the fused packed AdamW")
+        self.step_count += 1
         _adamw_(
             self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.decay_mask,
             lr, c.weight_decay, c.beta1, c.beta2, c.eps, self.step_count,
         )  # fmt: skip
 
+    def steps_taken(self) -> int:
+        """Steps applied so far (a device read on the fused path)."""
+        return int(self._step_tensor) if self.fused else self.step_count
+
     def state_dict(self) -> dict:
         return {
-            "step": self.step_count,
+            "step": self.steps_taken(),
             "exp_avg": self.exp_avg.cpu(),
             "exp_avg_sq": self.exp_avg_sq.cpu(),
         }
@@ -146,3 +163,4 @@ class PackedAdamW:
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.step_count = int(state["step"])
+        self._step_tensor.fill_(self.step_count)

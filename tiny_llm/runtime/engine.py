@@ -49,15 +49,24 @@ class StepStats:
             self._read = (float(loss), float(grad_norm))
         self.tokens = tokens
         """Targets in the update."""
-        self.extra = extra if extra is not None else {}
-        """Engine-specific values (packed: local_losses, ...)."""
+        self._extra = extra if extra is not None else {}
 
     @classmethod
-    def deferred(cls, values: torch.Tensor, tokens: int) -> StepStats:
-        """Stats whose [loss, grad_norm] ``values`` stay on the device until read."""
-        stats = cls(0.0, 0.0, tokens)
+    def deferred(cls, values: torch.Tensor, tokens: int, extra: dict[str, Any] | None = None) -> StepStats:
+        """Stats whose [loss, grad_norm] ``values`` (and tensors among ``extra``) stay on the device until
+        read."""
+        stats = cls(0.0, 0.0, tokens, extra)
         stats.values, stats._read = values, None
         return stats
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Engine-specific values (packed: local_losses, ...); a tensor among them is read into a list the
+        first time (only a logged update's are ever read)."""
+        for key, value in self._extra.items():
+            if isinstance(value, torch.Tensor):
+                self._extra[key] = value.tolist()
+        return self._extra
 
     def read(self) -> tuple[float, float]:
         """(loss, grad_norm) as floats (a device read the first time, for deferred values)."""
@@ -92,6 +101,30 @@ class NonFiniteError(Exception):
         super().__init__(f"step {step}: {reason}")
         self.step = step
         self.reason = reason
+
+
+class FiniteGuard:
+    """The finite check of an update without a host read: on the device, the first non-finite update's step
+    and values are kept and ``found_inf`` becomes 1 for good, so that update and every later one are
+    skipped on the device (an optimizer that takes ``found_inf``, as GradScaler uses it); ``first_bad()``
+    reads them once, at a train row or before a save."""
+
+    def __init__(self, device: torch.device, num_values: int) -> None:
+        self.found_inf = torch.zeros((), device=device)
+        self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
+        self.bad_values = torch.zeros(num_values, device=device)
+
+    def flag(self, values: torch.Tensor, step: int) -> None:
+        """Remember ``step`` and ``values`` if they are the first non-finite ones; raise found_inf then."""
+        first = (self.first_bad_step < 0) & ~torch.isfinite(values).all()
+        self.first_bad_step.copy_(torch.where(first, step, self.first_bad_step))
+        self.bad_values.copy_(torch.where(first, values, self.bad_values))
+        self.found_inf.copy_((self.first_bad_step >= 0).float())
+
+    def first_bad(self) -> tuple[int, list[float]] | None:
+        """(step, values) of the first skipped update (one device read), None when every update was finite."""
+        step = int(self.first_bad_step)
+        return None if step < 0 else (step, self.bad_values.tolist())
 
 
 class UpdateAborted(Exception):

@@ -26,7 +26,14 @@ from tiny_llm.runtime.device import (
     uses_compile,
     uses_fused_optimizer,
 )
-from tiny_llm.runtime.engine import NonFiniteError, StepStats, UpdateAborted, build_model, write_safetensors
+from tiny_llm.runtime.engine import (
+    FiniteGuard,
+    NonFiniteError,
+    StepStats,
+    UpdateAborted,
+    build_model,
+    write_safetensors,
+)
 from tiny_llm.runtime.optim import build_optimizer, set_lr
 
 
@@ -61,11 +68,9 @@ class ModelEngine:
         # The unfused (deterministic) path keeps its one read per update, and its bitwise results.
         self.deferred_check = uses_fused_optimizer(recipe, device)
         if self.deferred_check:
-            self.found_inf = torch.zeros((), device=device)
-            self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
-            self.bad_values = torch.zeros(2, device=device)
+            self.guard = FiniteGuard(device, 2)
             # torch's fused Adam/AdamW read the attribute in step() (getattr, as GradScaler sets it).
-            setattr(self.optimizer, "found_inf", self.found_inf)  # noqa: B010
+            setattr(self.optimizer, "found_inf", self.guard.found_inf)  # noqa: B010
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # A forced SDPA kernel is entered inside the compiled region: compiled graphs ignore an outer one.
@@ -107,7 +112,7 @@ class ModelEngine:
             norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")
             values = torch.stack([total / num_targets, norm_t.float()])
             if self.deferred_check:
-                self._flag_non_finite(values, step)
+                self.guard.flag(values, step)
             else:
                 loss, grad_norm = self._check_now(values, step)
             if self.grad_clip is not None:
@@ -127,20 +132,11 @@ class ModelEngine:
             raise NonFiniteError(step, non_finite_reason(loss, grad_norm))
         return loss, grad_norm
 
-    def _flag_non_finite(self, values: torch.Tensor, step: int) -> None:
-        """On the device: remember the first non-finite update's step and values; raise found_inf for good."""
-        first = (self.first_bad_step < 0) & ~torch.isfinite(values).all()
-        self.first_bad_step.copy_(torch.where(first, step, self.first_bad_step))
-        self.bad_values.copy_(torch.where(first, values, self.bad_values))
-        self.found_inf.copy_((self.first_bad_step >= 0).float())
-
     def check_finite(self) -> None:
         """NonFiniteError for the first update skipped as non-finite (one device read); no-op otherwise."""
-        if not self.deferred_check:
-            return
-        step = int(self.first_bad_step)
-        if step >= 0:
-            raise NonFiniteError(step, non_finite_reason(*self.bad_values.tolist()))
+        bad = self.guard.first_bad() if self.deferred_check else None
+        if bad is not None:
+            raise NonFiniteError(bad[0], non_finite_reason(*bad[1]))
 
     def eval_model(self) -> nn.Module:
         return self.model

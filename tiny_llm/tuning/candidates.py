@@ -1,10 +1,14 @@
 """Tuning profiles and the staged candidate schedule (torch-free; the Snakefile imports it).
 
 A profile fixes a base recipe, a device kind and a candidate space. The schedule
-(plan.json) is a fixed, ordered list of *slots*: stage 1 lists concrete settings, later stages
-apply variants to the parent of a given *rank* among everything measured
+(plan.json) is a fixed, ordered list of *slots*: stage 1 lists concrete settings, compiled ones
+first, later stages apply variants to the parent of a given *rank* among everything measured
 before them (top 2, then the best). Because slots name ranks, not settings,
 every file of the tuning DAG is known before anything runs.
+
+Ranking is noise-aware (``NOISE_RULE``): a candidate moves above an earlier one only when it is faster
+by more than the spread of its own timing windows, so the earlier, simpler candidate (stage 1's first
+compiled setting, or the parent a later stage's variants are applied to) is kept otherwise.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class TuningProfile:
     compile_modes: tuple[str, ...] = ("reduce-overhead", "max-autotune")
     cpu_amp_variants: tuple[bool, ...] = (True, False)
     threads: tuple[int, ...] = (1, 4, 8)
+    """Stage 4 (cpu space only: a GPU profile has no threads stage)."""
 
 
 # `sets`, dotted.key=value strings applied after `overrides`, is the earlier form of a profile's recipe keys:
@@ -175,14 +180,22 @@ def _attention_variant(label: str) -> Variant:
     return Variant(label, {"runtime.attention_backend": "sdpa", "runtime.sdpa_backend": label})
 
 
+def compiled_first(pairs: tuple[tuple[int, bool], ...]) -> tuple[tuple[int, bool], ...]:
+    """Stage 1's (micro_batch_size, compiled) pairs, compiled ones first, each group in the given order:
+    compiled is the default starting point, so the first compiled setting is the baseline that an eager one
+    must beat by more than its noise, and a budget that runs out leaves the eager ones unmeasured."""
+    return tuple(sorted(pairs, key=lambda pair: not pair[1]))
+
+
 def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]:
-    """The profile's four stages; stage 1 skips micro batches larger than one update."""
+    """The profile's stages (four on a CPU, three on a GPU: no threads stage there); stage 1 runs compiled
+    settings first and skips micro batches larger than one update."""
     stage1 = tuple(
         Variant(
             f"m{micro}-{'compile' if compiled else 'eager'}",
             {"training.micro_batch_size": micro, "runtime.compile": compiled},
         )
-        for micro, compiled in profile.stage1
+        for micro, compiled in compiled_first(profile.stage1)
         if micro <= batch_sequences
     )
     if not stage1:
@@ -209,12 +222,10 @@ def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]
             1,
             tuple(Variant("bf16" if a else "fp32", {"runtime.cpu_amp": a}) for a in profile.cpu_amp_variants),
         )
-    return [
-        StageSpec("micro_compile", 0, stage1),
-        StageSpec("attention", 2, attention),
-        third,
-        StageSpec("threads", 1, threads),
-    ]
+    stages = [StageSpec("micro_compile", 0, stage1), StageSpec("attention", 2, attention), third]
+    if profile.space == "cpu":  # torch's CPU threads do not change a GPU update's speed
+        stages.append(StageSpec("threads", 1, threads))
+    return stages
 
 
 def make_slots(profile: TuningProfile, recipe: RecipeConfig) -> list[Slot]:
@@ -327,8 +338,34 @@ def tuned_settings(recipe: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def rank_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Successful, distinct candidates, fastest first; ties keep run order (earlier wins)."""
+NOISE_RULE = (
+    "candidates in run order; each is placed just above the first candidate already ranked that it beats by "
+    "more than its own noise (median-window tokens/s minus the other's > the spread, max - min, of its own "
+    "windows' tokens/s), else last: a candidate faster within its noise keeps the earlier one (the stage's "
+    "baseline: stage 1's first compiled setting, or the parent of a later stage's variants) above it"
+)
+
+
+def window_noise(window_tokens_per_second: list[float] | None) -> float:
+    """A candidate's noise: the spread (max - min) of its windows' tokens/s; 0 with fewer than 2 windows."""
+    rates = [float(r) for r in window_tokens_per_second or []]
+    return max(rates) - min(rates) if len(rates) >= 2 else 0.0
+
+
+def _noise(result: dict[str, Any]) -> float:
+    return float(result.get("noise_tokens_per_second") or 0.0)
+
+
+def _tps(result: dict[str, Any]) -> float:
+    return float(result["tokens_per_second"])
+
+
+def clearly_faster(challenger: dict[str, Any], incumbent: dict[str, Any]) -> bool:
+    """Whether ``challenger`` beats ``incumbent`` by more than the noise of its own windows."""
+    return _tps(challenger) - _tps(incumbent) > _noise(challenger)
+
+
+def _distinct_successes(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: set[str] = set()
     unique = []
     for result in results:
@@ -336,5 +373,49 @@ def rank_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         seen.add(result["identity"])
         unique.append(result)
-    order = {id(r): i for i, r in enumerate(unique)}
-    return sorted(unique, key=lambda r: (-float(r["tokens_per_second"]), order[id(r)]))
+    return unique
+
+
+def rank_with_decisions(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(successful distinct candidates best first under NOISE_RULE, one decision per candidate in run order:
+    where it was placed when measured, the candidate kept above it and its margin over that one)."""
+    ranked: list[dict[str, Any]] = []
+    decisions = []
+    for result in _distinct_successes(results):
+        place = next((i for i, other in enumerate(ranked) if clearly_faster(result, other)), len(ranked))
+        above = ranked[place - 1] if place else None
+        beaten = ranked[place] if place < len(ranked) else None
+        decisions.append(
+            {
+                "name": result["name"],
+                "tokens_per_second": _tps(result),
+                "noise_tokens_per_second": _noise(result),
+                "rank_when_measured": place,
+                "kept_above": None if above is None else above["name"],
+                "margin_tokens_per_second": None if above is None else _tps(result) - _tps(above),
+                "beat": None if beaten is None else beaten["name"],
+                "decision": _decision_text(result, above, beaten),
+            }
+        )
+        ranked.insert(place, result)
+    return ranked, decisions
+
+
+def _decision_text(
+    result: dict[str, Any], above: dict[str, Any] | None, beaten: dict[str, Any] | None
+) -> str:
+    noise = f"its window noise {_noise(result):.4g} tokens/s"
+    if above is not None:
+        margin = _tps(result) - _tps(above)
+        how = f"faster by {margin:.4g} tokens/s, within {noise}" if margin > 0 else "slower"
+        return f"kept below {above['name']}: {how}"
+    if beaten is None:
+        return "first candidate"
+    margin = _tps(result) - _tps(beaten)
+    return f"ranks first: faster than {beaten['name']} by {margin:.4g} tokens/s, more than {noise}"
+
+
+def rank_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Successful, distinct candidates, best first under NOISE_RULE (without window data: fastest first, ties
+    keep run order)."""
+    return rank_with_decisions(results)[0]

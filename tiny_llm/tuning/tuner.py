@@ -25,12 +25,15 @@ import yaml
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
 from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
 from tiny_llm.tuning.candidates import (
+    NOISE_RULE,
     Slot,
     TuningSchedule,
     apply_overrides,
     candidate_identity,
     rank_results,
+    rank_with_decisions,
     tuned_settings,
+    window_noise,
 )
 
 KILL_GRACE_SECONDS = 5.0
@@ -46,6 +49,8 @@ WORKER_SUMMARY_KEYS = (
     "mfu",
     "attention_kernels",
 )
+# Keys a candidate result gets from the worker's timing windows (the noise the ranking allows for).
+NOISE_KEYS = ("window_tokens_per_second", "noise_tokens_per_second")
 
 
 def candidate_paths(results_dir: str | Path, slot: str) -> dict[str, Path]:
@@ -100,6 +105,8 @@ def _base_record(slot: Slot, parent: dict[str, Any] | None) -> dict[str, Any]:
         "tokens_per_second": None,
         "wall_seconds": 0.0,
         "reused_from": None,
+        "window_tokens_per_second": None,
+        "noise_tokens_per_second": None,
         "identity": None,
         "settings": None,
         "recipe": None,
@@ -138,7 +145,8 @@ def run_candidate(plan: TuningSchedule, slot_name: str, results_dir: str | Path)
 
 
 def _reuse(record: dict[str, Any], twin: dict[str, Any]) -> dict[str, Any]:
-    copied = {k: twin.get(k) for k in ("status", "error", "tokens_per_second", *WORKER_SUMMARY_KEYS)}
+    keys = ("status", "error", "tokens_per_second", *WORKER_SUMMARY_KEYS, *NOISE_KEYS)
+    copied = {k: twin.get(k) for k in keys}
     return {**record, **copied, "reused_from": twin.get("reused_from") or twin["name"], "wall_seconds": 0.0}
 
 
@@ -183,7 +191,12 @@ def _measure(plan: TuningSchedule, paths: dict[str, Path], timeout: float) -> di
     if paths["worker"].is_file():
         worker = read_json(paths["worker"])
         summary = {k: worker.get(k) for k in WORKER_SUMMARY_KEYS}
-        return {**fields, **summary, "status": worker["status"], "error": worker.get("error")}
+        rates = [m["tokens_per_second"] for m in worker.get("measurements") or []]
+        noise = {
+            "window_tokens_per_second": rates or None,
+            "noise_tokens_per_second": window_noise(rates) if rates else None,
+        }
+        return {**fields, **summary, **noise, "status": worker["status"], "error": worker.get("error")}
     tail = _log_tail(paths["log"])
     if returncode == 2:
         # A user error (bad config, missing cache, wrong hardware) would hit every candidate: stop here.
@@ -278,6 +291,7 @@ def _compact(result: dict[str, Any]) -> dict[str, Any]:
         "parent",
         "status",
         "tokens_per_second",
+        "noise_tokens_per_second",
         "mfu",
         "peak_memory_bytes",
         "wall_seconds",
@@ -313,11 +327,17 @@ def summarize(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
     missing = [s.name for s in plan.slots if s.name not in {r["name"] for r in results}]
     if missing:
         raise RunStateError(f"tuning of profile {plan.profile} is incomplete: {', '.join(missing)} not run")
-    ranked = rank_results(results)
+    ranked, decisions = rank_with_decisions(results)
     best = ranked[0] if ranked else None
+    fastest = max(ranked, key=lambda r: float(r["tokens_per_second"]), default=None)
     return {
         "profile": plan.profile,
         "selected": None if best is None else _compact(best),
+        "selection": {
+            "rule": NOISE_RULE,
+            "fastest_measured": None if fastest is None else fastest["name"],
+            "decisions": decisions,
+        },
         "candidates": [_compact(r) for r in results],
         "budget_minutes": plan.budget_seconds / 60.0,
         "budget_used_seconds": round(budget_used(results), 3),
@@ -334,7 +354,8 @@ def summarize(plan: TuningSchedule, results_dir: str | Path) -> dict[str, Any]:
 def select(
     plan: TuningSchedule, results_dir: str | Path, output_dir: str | Path | None = None
 ) -> dict[str, Any]:
-    """Write summary.json, progress.json and selected.yaml (the fastest successful candidate's recipe)."""
+    """Write summary.json, progress.json and selected.yaml (the recipe of the best successful candidate under
+    the noise rule: the fastest, unless it beat an earlier one only within its window noise)."""
     out = Path(output_dir or results_dir)
     summary = summarize(plan, results_dir)
     atomic_write_json(out / "summary.json", summary)
@@ -346,9 +367,12 @@ def select(
         )
     best_name = summary["selected"]["name"]
     best = read_json_mapping(candidate_paths(results_dir, best_name)["result"], REBUILD_CANDIDATE)
+    fastest = summary["selection"]["fastest_measured"]
+    kept = "" if fastest == best_name else f"; {fastest} measured faster, within its window noise"
     header = (
-        f"# Tuning profile {plan.profile}: fastest successful candidate {best_name} "
-        f"({best['tokens_per_second']:.1f} tokens/s)\n"
+        f"# Tuning profile {plan.profile}: selected candidate {best_name} "
+        f"({best['tokens_per_second']:.1f} tokens/s, window noise "
+        f"{float(best.get('noise_tokens_per_second') or 0.0):.1f}){kept} (summary.json: selection)\n"
     )
     atomic_write_text(out / "selected.yaml", header + yaml.safe_dump(best["recipe"], sort_keys=False))
     return summary
