@@ -6,10 +6,13 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
+from tiny_llm.bench.worker import WorkerOptions, run_worker
+from tiny_llm.cli import main
 from tiny_llm.config import RecipeConfig, load_recipe
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError
@@ -164,11 +167,21 @@ def test_impossible_combinations_are_refused_in_one_line(sets: list[str], messag
     assert "\n" not in str(caught.value)  # that problem alone, on one line
 
 
-def test_training_on_a_cpu_refuses_it_at_start() -> None:
+def test_training_on_a_cpu_refuses_it_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     r = load_recipe(["tiny"], [*SETS, "runtime.device=auto", "runtime.cuda_graph=true"])
     with pytest.raises(ConfigError, match=r"^runtime.cuda_graph: needs a CUDA device, .* cpu; set it false$"):
         check_cuda_graph(r, CPU)
     check_cuda_graph(recipe(8), CPU)  # off: nothing to refuse
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # device auto is the CPU
+    sets = [*SETS, "runtime.device=auto", "runtime.cuda_graph=true", f"runtime.output_dir={tmp_path / 'run'}"]
+    code = main(["train", "--config", "tiny", *[a for s in sets for a in ("--set", s)]])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "error: runtime.cuda_graph: needs a CUDA device, and this run's device is cpu; set it false"
+    ]
+    assert not (tmp_path / "run" / "status.json").exists()  # refused before the run started
 
 
 def test_the_option_enters_the_identity_only_when_set() -> None:
@@ -178,3 +191,13 @@ def test_the_option_enters_the_identity_only_when_set() -> None:
     off = load_recipe(["tiny"], [*SETS, "runtime.device=auto"])
     assert "cuda_graph" not in recipe_identity_payload(off)["runtime"]
     assert recipe_identity_payload(on)["runtime"]["cuda_graph"] is True
+
+
+def test_the_benchmark_worker_refuses_it_on_a_cpu_in_its_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # device auto is the CPU
+    r = load_recipe(["tiny"], [*SETS, "runtime.device=auto", "runtime.cuda_graph=true"])
+    out = run_worker(r, WorkerOptions(data_mode="synthetic", warmup=1, steps=1, windows=1))
+    assert out["status"] == "failed" and out["tokens_per_second"] is None and out["cuda_graph"] is True
+    assert (
+        out["error"] == "runtime.cuda_graph: needs a CUDA device, and this run's device is cpu; set it false"
+    )

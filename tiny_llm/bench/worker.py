@@ -257,6 +257,7 @@ def _empty_result(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any
         "batch_tokens": recipe.training.batch_tokens,
         "compile": rt.compile,
         "compile_mode": rt.compile_mode,
+        "cuda_graph": rt.cuda_graph,
         "sdpa_backend": rt.sdpa_backend,
         "attention_backend": rt.attention_backend,
         "cpu_amp": rt.cpu_amp,
