@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import metric_rows, small_recipe
 
 from tiny_llm.bench.worker import WorkerOptions, run_worker
 from tiny_llm.cli import main
@@ -18,6 +19,7 @@ from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError
 from tiny_llm.runtime.device import check_cuda_graph
 from tiny_llm.runtime.engine import NonFiniteError, StepStats
+from tiny_llm.train import loop
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import WARMUP_UPDATES, GraphEngine
 
@@ -201,3 +203,32 @@ def test_the_benchmark_worker_refuses_it_on_a_cpu_in_its_json(monkeypatch: pytes
     assert (
         out["error"] == "runtime.cuda_graph: needs a CUDA device, and this run's device is cpu; set it false"
     )
+
+
+@pytest.mark.slow
+def test_a_training_run_through_the_static_update_is_the_ordinary_run(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    """The whole loop (epochs ending in short updates, validation, checkpoints, the deferred finite check)
+    with the static update and a stand-in capture: every metric row and the final weights equal the ordinary
+    run's."""
+    sets = (
+        "training.tokens_per_parameter=0.1",  # 15 updates in 3 epochs
+        "training.epoch_tokens_per_parameter=0.04",
+        "runtime.deterministic=false",
+        "runtime.fused_optimizer=true",
+        "training.checkpoint_policy=interval",
+        "training.checkpoint_every=4",
+    )
+    stand_in = EagerCapturer()
+    factories = {
+        "ordinary": ModelEngine,
+        "static": lambda r, d: GraphEngine(r, d, capturer=stand_in),
+    }
+    for name, factory in factories.items():
+        r = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / name, *sets)
+        assert loop.run_training(r, factory, quiet=True) == 0
+    assert stand_in.captured == 1 and stand_in.replays > 0
+    assert metric_rows(tmp_path / "ordinary") == metric_rows(tmp_path / "static")
+    weights = [(tmp_path / name / "final.safetensors").read_bytes() for name in factories]
+    assert weights[0] == weights[1]
