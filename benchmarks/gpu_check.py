@@ -183,6 +183,7 @@ def steps(s: Setup) -> list[Step]:
         env(s),
         data(s),
         *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND),
+        cuda_graph(s),
         packed_n4(s),
         train_resume(s),
         compile_mode(s),
@@ -334,6 +335,56 @@ def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, A
         if rec["peak_source"]:
             rec["detail"] += f"; MFU peak: {rec['peak_source']}"
     return rec
+
+
+def cuda_graph(s: Setup) -> Step:
+    """benchmark-worker 20m as bench-20m, plus runtime.cuda_graph (the whole update replayed as one CUDA
+    graph): tokens/s with the graph against bench-20m's without it. The CPU smoke checks its one-line
+    refusal."""
+    output = s.work / "cuda-graph-20m.worker.json"
+    argv = s.tiny_llm(
+        "benchmark-worker",
+        "--config",
+        "20m",
+        *s.worker_shape_sets(),
+        *s.runtime_sets(compile_=True),
+        *sets("runtime.cuda_graph=true"),
+        "--data-mode",
+        "synthetic",
+        *s.worker_protocol(),
+        "--output",
+        str(output),
+    )
+    command = Command("cuda-graph-20m", argv, s.on(200, 120), expect_rc=s.on((0,), (2,)))
+    return Step(
+        "cuda-graph-20m",
+        "benchmark-worker 20m as bench-20m, with the whole update as one CUDA graph (runtime.cuda_graph)",
+        [command],
+        partial(check_cuda_graph, s, output),
+        min_seconds=s.on(60, 10),
+    )
+
+
+CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
+
+
+def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
+        line = last_error_line(Path(results[0]["stderr_log"])) or ""
+        refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
+        out = {"status": "ok" if refused else "failed", "detail": f"refused on the CPU: {line}"}
+        if not refused:
+            out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
+        return out
+    out = worker_record(s, output, results[0])
+    out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
+    without = s.records.get("bench-20m", {}).get("tokens_per_second")
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
+        if without:
+            out["speedup_over_no_graph"] = out["tokens_per_second"] / without
+            out["detail"] = f"{out['speedup_over_no_graph']:.3f}x bench-20m ({fmt_int(without)} tok/s)"
+    return out
 
 
 def packed_n4(s: Setup) -> Step:
@@ -934,6 +985,8 @@ def select(all_steps: list[Step], only: str | None) -> list[Step]:
         raise SystemExit(2)
     if wanted & {"train-resume", "compile-mode"}:
         wanted.add("data")  # they train on the check's cache
+    if "cuda-graph-20m" in wanted:
+        wanted.add("bench-20m")  # its figure without the graph
     return [s for s in all_steps if s.name in wanted]
 
 

@@ -7,14 +7,15 @@
 #   bash benchmarks/gpu_check.sh --cpu-smoke   # the same steps with tiny settings on the CPU (proves the parsing)
 #
 # Options: --budget SECONDS (default 480, counted from the start, install included), --only STEP[,STEP...]
-# (env, data, bench-20m, bench-50m, bench-90m, packed-n4, train-resume, compile-mode, kernel-math,
-# kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY.
+# (env, data, bench-20m, bench-50m, bench-90m, cuda-graph-20m, packed-n4, train-resume, compile-mode,
+# kernel-math, kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY.
 #
 # Steps: 20m/50m/90m benchmark worker at the reference settings (synthetic, 32,768-token updates, compiled,
-# micro 32, bf16) against the GH200 figures; packed vs sequential N=4 (20m shape); a short CUDA train interrupted
-# by SIGTERM, resumed with --resume auto, and evaluate --full against its result.json; every forced SDPA kernel;
-# compile_mode reduce-overhead vs default with 4 microbatches per update. One line per step; one JSON per step,
-# summary.json and every command's stdout/stderr under $OUT, or results/gpu-check/ when OUT is unset.
+# micro 32, bf16) against the GH200 figures; 20m again with the whole update as one CUDA graph; packed vs
+# sequential N=4 (20m shape); a short CUDA train interrupted by SIGTERM, resumed with --resume auto, and
+# evaluate --full against its result.json; every forced SDPA kernel; compile_mode reduce-overhead vs default
+# with 4 microbatches per update. One line per step; one JSON per step, summary.json and every command's
+# stdout/stderr under $OUT, or results/gpu-check/ when OUT is unset.
 # A failed or timed-out step is recorded and the next one runs; each command has its own timeout.
 set -u -o pipefail
 
@@ -27,7 +28,7 @@ ONLY=""
 PY="${PYTHON:-}"
 TORCH_PIN="torch==2.13.0"  # envs/torch.yaml
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in

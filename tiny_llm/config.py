@@ -180,6 +180,9 @@ class RuntimeConfig:
     attention_backend: Literal["sdpa", "reference"] = "sdpa"
     fused_optimizer: bool = True
     """Fused AdamW on CUDA."""
+    cuda_graph: bool = field(default=False, metadata={"late": True})
+    """Capture the whole update (forward, backward, clipping, fused AdamW) as one CUDA graph after a few
+    eager updates and replay it; CUDA only, with the fused optimizer; short epoch-end updates run eagerly."""
     cpu_threads: int | None = 8
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
     output_dir: str = "runs/default"
@@ -551,8 +554,31 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
             f"runtime.sdpa_backend: '{rt.sdpa_backend}' has no effect with the reference attention "
             "(runtime.attention_backend reference or runtime.deterministic); leave it at auto"
         )
+    problems += _cuda_graph_problems(recipe)
     problems += _packed_problems(recipe)
     return problems
+
+
+def _cuda_graph_problems(recipe: RecipeConfig) -> list[str]:
+    """runtime.cuda_graph captures the ordinary engine's sync-free fused update, and only that."""
+    rt = recipe.runtime
+    if not rt.cuda_graph:
+        return []
+    if rt.device == "cpu":
+        return ["runtime.cuda_graph: needs a CUDA device (runtime.device is cpu); set it false"]
+    if rt.deterministic or not rt.fused_optimizer:
+        return [
+            "runtime.cuda_graph: needs the fused optimizer's device-side finite check; set "
+            "runtime.fused_optimizer true and runtime.deterministic false"
+        ]
+    if rt.compile and rt.compile_mode != "default":
+        return [
+            f"runtime.cuda_graph: compile_mode {rt.compile_mode} makes CUDA graphs of its own, which cannot "
+            "be captured inside the update's; use runtime.compile_mode default"
+        ]
+    if recipe.decentralized is not None:
+        return ["runtime.cuda_graph: not for packed training (decentralized); set it false"]
+    return []
 
 
 def _packed_problems(recipe: RecipeConfig) -> list[str]:

@@ -17,12 +17,17 @@ from tiny_llm.packed.engine import PackedEngine
 from tiny_llm.runtime.engine import Engine
 from tiny_llm.train import evaluate, loop
 from tiny_llm.train.engine import ModelEngine
+from tiny_llm.train.graph import GraphEngine
 
 
 def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
-    """The ordinary engine, or the packed one for ``decentralized`` recipes."""
+    """The ordinary engine, the packed one for ``decentralized`` recipes, or on CUDA the captured one for
+    runtime.cuda_graph. Elsewhere such a recipe gets the ordinary engine, which reads and writes the same
+    states: evaluating or exporting a run needs no graph (training refuses it: ``check_cuda_graph``)."""
     if recipe.decentralized is not None:
         return PackedEngine(recipe, device)
+    if recipe.runtime.cuda_graph and device.type == "cuda":
+        return GraphEngine(recipe, device)
     return ModelEngine(recipe, device)
 
 

@@ -28,7 +28,13 @@ from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError
 from tiny_llm.progress import counted
-from tiny_llm.runtime.device import attention_kernels, peak_memory_bytes, setup_runtime, synchronize
+from tiny_llm.runtime.device import (
+    attention_kernels,
+    check_cuda_graph,
+    peak_memory_bytes,
+    setup_runtime,
+    synchronize,
+)
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
 from tiny_llm.runtime.mfu import Peak, device_peak, matmul_precision, mfu
@@ -251,6 +257,7 @@ def _empty_result(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any
         "batch_tokens": recipe.training.batch_tokens,
         "compile": rt.compile,
         "compile_mode": rt.compile_mode,
+        "cuda_graph": rt.cuda_graph,
         "sdpa_backend": rt.sdpa_backend,
         "attention_backend": rt.attention_backend,
         "cpu_amp": rt.cpu_amp,
@@ -284,7 +291,8 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
     out = _empty_result(recipe, options)
     try:
         device = setup_runtime(recipe)
-    except ConfigError as exc:  # e.g. a forced GPU-only SDPA kernel on the CPU
+        check_cuda_graph(recipe, device)
+    except ConfigError as exc:  # e.g. a forced GPU-only SDPA kernel, or runtime.cuda_graph, on the CPU
         out["error"] = str(exc)
         return out
     check_gpu_name(device, options.require_gpu_name)

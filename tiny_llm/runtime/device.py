@@ -177,6 +177,15 @@ def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
         )
 
 
+def check_cuda_graph(recipe: RecipeConfig, device: torch.device) -> None:
+    """A training run (or benchmark) asking for runtime.cuda_graph must have a CUDA device. Only training
+    checks it: evaluating or exporting such a run's states needs no graph, and runs on any device."""
+    if recipe.runtime.cuda_graph and device.type != "cuda":
+        raise ConfigError(
+            f"runtime.cuda_graph: needs a CUDA device, and this run's device is {device.type}; set it false"
+        )
+
+
 def keep_cpu_heap() -> bool:
     """Stop glibc from mmap-ing and unmapping large blocks on every step (CPU training only).
 

@@ -114,8 +114,9 @@ class FiniteGuard:
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
         self.bad_values = torch.zeros(num_values, device=device)
 
-    def flag(self, values: torch.Tensor, step: int) -> None:
-        """Remember ``step`` and ``values`` if they are the first non-finite ones; raise found_inf then."""
+    def flag(self, values: torch.Tensor, step: int | torch.Tensor) -> None:
+        """Remember ``step`` (a device tensor in a captured update) and ``values`` if they are the first
+        non-finite ones; raise found_inf then."""
         first = (self.first_bad_step < 0) & ~torch.isfinite(values).all()
         self.first_bad_step.copy_(torch.where(first, step, self.first_bad_step))
         self.bad_values.copy_(torch.where(first, values, self.bad_values))

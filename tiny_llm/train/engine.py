@@ -84,12 +84,15 @@ class ModelEngine:
                 param.grad = grad
         torch._foreach_zero_(self.grads)
 
-    def forward_backward(self, blocks: torch.Tensor, num_targets: int) -> torch.Tensor:
-        """Zero the gradients, accumulate those of summed CE / num_targets; return the summed CE."""
+    def forward_backward(
+        self, blocks: torch.Tensor, num_targets: int, *, abortable: bool = True
+    ) -> torch.Tensor:
+        """Zero the gradients, accumulate those of summed CE / num_targets; return the summed CE.
+        ``abortable``: a stop request between microbatches discards the update (UpdateAborted)."""
         self.zero_grads()
         total = torch.zeros((), device=self.device)
         for index, micro in enumerate(blocks.split(self.micro_batch_size)):
-            if index and signals.stop_requested():
+            if abortable and index and signals.stop_requested():
                 self.zero_grads()
                 raise UpdateAborted()
             # Full microbatches run compiled; a short one runs eagerly instead of recompiling.
@@ -109,20 +112,28 @@ class ModelEngine:
             blocks = to_device(blocks, self.device)
         total = self.forward_backward(blocks, num_targets)
         with record_function("clipping"):
-            norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")
-            values = torch.stack([total / num_targets, norm_t.float()])
+            norm_t, values = self.norm_and_values(total, num_targets)
             if self.deferred_check:
                 self.guard.flag(values, step)
             else:
                 loss, grad_norm = self._check_now(values, step)
-            if self.grad_clip is not None:
-                torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
+            self.clip(norm_t)
         with record_function("optimizer"):
             set_lr(self.optimizer, lr)
             self.optimizer.step()
         if self.deferred_check:
             return StepStats.deferred(values, num_targets)
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
+
+    def norm_and_values(self, total: torch.Tensor, num_targets: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradients' global L2 norm, and the update's [loss, grad_norm] (both on the device)."""
+        norm_t = torch.nn.utils.get_total_norm(self.grads, foreach=self.device.type == "cuda")
+        return norm_t, torch.stack([total / num_targets, norm_t.float()])
+
+    def clip(self, norm_t: torch.Tensor) -> None:
+        """Scale the gradients to optimizer.grad_clip given their norm (no host read); no-op when null."""
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm_t)
 
     def _check_now(self, values: torch.Tensor, step: int) -> tuple[float, float]:
         """The update's (loss, norm), read at once (one device sync); NonFiniteError before stepping."""

@@ -34,6 +34,7 @@ from tiny_llm.io import (
 from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
+    check_cuda_graph,
     peak_memory_bytes,
     pin_for,
     reset_peak_memory,
@@ -95,6 +96,7 @@ class Trainer:
         self.log = log
         self.session_start = time.perf_counter()  # reset where the validation subset is prepared
         self.device = setup_runtime(recipe)
+        check_cuda_graph(recipe, self.device)
         self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
         self.cache.check_compatible(recipe)
         self.budget: Budget = make_budget(recipe)
