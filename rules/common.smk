@@ -8,12 +8,17 @@
 # function taking `input` is not a params trigger). The trainer then sets aside a run of another recipe
 # identity; a rewritten recipe of the same identity only redoes its final validation from final.pt.
 
+import functools
 import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import LockException
+from snakemake_interface_executor_plugins.settings import ExecMode
+
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
     ANALYSIS_JOB,
@@ -94,6 +99,34 @@ def input_parent(wildcards, input) -> str:
 def runs_root(wildcards, input) -> str:
     """The directory holding the run directories of a report's inputs (<root>/<run>/result.json)."""
     return str(Path(input[0]).parents[1])
+
+
+# ----------------------------------------------------------------------------- one controller per directory
+
+
+def one_controller(execute):
+    """Snakemake's `execute`, run only by the one controller of this directory: a second one stops with one
+    line naming the first, and Snakemake's lock left by a killed one with one line saying to --unlock (its own
+    messages are several lines and a traceback). Dry runs, --nolock and the job processes Snakemake starts (on
+    Slurm too) take no lock, as in Snakemake; --unlock, --lint and --report never execute."""
+
+    @functools.wraps(execute)
+    def execute_alone(**kwargs):
+        dry = kwargs["executor_plugin"].common_settings.dryrun_exec
+        if workflow.execution_settings.lock and workflow.exec_mode == ExecMode.DEFAULT and not dry:
+            try:
+                become_the_controller(Path.cwd())
+            except TinyLLMError as exc:
+                sys.exit(f"error: {exc}")
+        try:
+            return execute(**kwargs)
+        except LockException:
+            sys.exit(f"error: {stale_snakemake_lock(Path.cwd())}")
+
+    return execute_alone
+
+
+workflow.execute = one_controller(workflow.execute)
 
 
 # ----------------------------------------------------------------------------- data
