@@ -1,5 +1,6 @@
 # The input and params functions of every stage's rules: each one line that asks the plan (tiny_llm.pipeline,
-# built once in the Snakefile). Functions only; the stage files hold the rules.
+# built once in the Snakefile), and the guard that lets one controller at a time run in a directory. Functions
+# only; the stage files hold the rules.
 #
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
 # are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
