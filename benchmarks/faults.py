@@ -384,26 +384,38 @@ def kill_slurmd(workdir: Path, running: dict[int, Path]) -> tuple[str, list[str]
     return f"slurmd {pid} -> {new_pid} on {node}, {down}; jobs ran on: {', '.join(runs)}", []
 
 
-def _stamped(lines: list[str], words: tuple[str, ...]) -> list[float]:
-    """Epoch seconds of run.log lines holding one of ``words`` (run.log has whole local seconds)."""
-    return [
-        time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
-        for line in lines
-        if line[:4].isdigit() and any(word in line for word in words)
-    ]
+SAVE_WINDOW_SECONDS = 30.0
+"""A trainer's ``interrupted at`` line this soon after a fault is its save on it (KillWait + the save)."""
+
+
+def _events(lines: list[str], since: float) -> list[tuple[float, bool]]:
+    """(epoch seconds, is a save) of run.log's ``interrupted at`` / ``start:`` / ``resumed from`` lines in the
+    order written, from the whole second of ``since`` on (run.log has whole local seconds)."""
+    events = []
+    for line in lines:
+        if not line[:4].isdigit():
+            continue
+        save = "interrupted at" in line
+        if save or "resumed from" in line or " start:" in line:
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            if stamp >= int(since):
+                events.append((stamp, save))
+    return events
 
 
 def recovery_seconds(workdir: Path, fault: Fault) -> float | None:
-    """Seconds from the fault until every run it hit trains again: run.log's next `start:` / `resumed from`
-    line after the state it saved on the fault (`interrupted at`), or after the fault itself when the trainer
-    was killed without saving; None when a run never did (it had finished, or the fault missed it)."""
+    """Seconds from the fault until every run it hit trains again: run.log's first `start:` / `resumed from`
+    line more than a second after the fault (a restart takes a new job or session; a start in the fault's
+    own second is the trainer it hit) and after the save the hit trainer wrote on it (`interrupted at` within
+    SAVE_WINDOW_SECONDS), if any; None when a run never did (it had finished, or the fault missed it)."""
     waits = []
     for run in fault.runs:
         log = workdir / run / "run.log"
         lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-        saved = [s for s in _stamped(lines, ("interrupted at",)) if s >= int(fault.at_time)]
-        anchor = saved[0] if saved else int(fault.at_time)
-        later = [s for s in _stamped(lines, ("resumed from", " start:")) if s >= anchor]
+        events = _events(lines, fault.at_time)
+        saves = [k for k, (stamp, save) in enumerate(events) if save]
+        after = saves[0] + 1 if saves and events[saves[0]][0] <= fault.at_time + SAVE_WINDOW_SECONDS else 0
+        later = [stamp for stamp, save in events[after:] if not save and stamp > fault.at_time + 1]
         if not later:
             return None
         waits.append(later[0] - fault.at_time)
