@@ -548,6 +548,7 @@ def run_with_faults(
             due = kind is not None and ran_before + now - session_start >= times[len(record.faults)]
             if due and now >= retry_at:
                 busy = sorted(str(r.relative_to(workdir)) for r in trainers(workdir).values())
+                wall = time.time()  # when the fault begins: injecting one may take seconds (kill_slurmd: 20)
                 if kind in ("scancel", "time_limit", "requeue", "node_down", SLURMD_KIND):
                     hit = inject_slurm(kind, controller, workdir, rng)
                     target, runs = hit if hit is not None else (None, [])
@@ -560,9 +561,7 @@ def run_with_faults(
                     retry_at = now + 0.5
                     continue
                 session = len(record.sessions) + 1
-                record.faults.append(
-                    Fault(kind, session, round(now - session_start, 2), target, runs, time.time())
-                )
+                record.faults.append(Fault(kind, session, round(now - session_start, 2), target, runs, wall))
                 injected += 1
                 killed = killed or kind == "kill_controller"
             time.sleep(0.05)
