@@ -8,8 +8,9 @@ With ``--executor slurm`` every campaign job goes through profiles/slurm (accoun
 cluster `sbatch` talks to, e.g. ../shared/slurm-local; as a Slurm operator, e.g. root there) and the faults
 are Slurm's (SLURM_KINDS below); each fault also reports its recovery time, from the fault until every run it
 hit trains again. A requeued job is released at once instead of after Slurm's ~120-s hold, except after a
-node-down fault. The uninterrupted reference is kept in DIR/reference-<executor>.json: more seeds later on the
-same DIR compare with the same reference.
+node-down fault. ``--kinds ... kill_slurmd`` adds kill -9 of this machine's slurmd (restarted 20 s
+later). The uninterrupted reference is kept in DIR/reference-<executor>.json: more seeds later on the same DIR
+compare with the same reference.
 
 A demo-like campaign on the CPU in deterministic mode (toy sizes, one stage-1 learning rate absurd enough to
 diverge) is run once without faults (the reference) and once per seed with ``--faults`` faults injected at
@@ -61,6 +62,10 @@ SLURM_KINDS = ("scancel", "time_limit", "requeue", "node_down", "kill_controller
 """Faults of ``--executor slurm``: `scancel` of a training job, its time limit cut to what it has run,
 `scontrol requeue` (as preemption does), its node set DOWN (then resumed), kill -9 of the controller (then its
 jobs are cancelled, as the README says, and `--unlock`)."""
+SLURMD_KIND = "kill_slurmd"
+"""Opt-in (``--kinds``): kill -9 of the slurmd of the node running a training job, this machine's (a local
+cluster, as root), restarted ``SLURMD_DOWN_SECONDS`` later with its own command line. Its jobs run on."""
+SLURMD_DOWN_SECONDS = 20.0
 TIMING_KEYS = {
     "tokens_per_second",
     "training_seconds",
@@ -297,6 +302,8 @@ def inject_slurm(
     jobs = {pid: job for pid in sorted(running) if (job := slurm_job_of(pid))}
     if not jobs:
         return None
+    if kind == SLURMD_KIND:  # not under the except below: its errors (slurmd not back) end the benchmark
+        return kill_slurmd(workdir, {pid: running[pid] for pid in jobs})
     pid = rng.choice(sorted(jobs))
     job, run = jobs[pid], str(running[pid].relative_to(workdir))
     try:
@@ -328,26 +335,87 @@ def _hit_slurm_job(
     return f"job {job} ({run})", [run]
 
 
-def _stamped(lines: list[str], words: tuple[str, ...]) -> list[float]:
-    """Epoch seconds of run.log lines holding one of ``words`` (run.log has whole local seconds)."""
-    return [
-        time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
-        for line in lines
-        if line[:4].isdigit() and any(word in line for word in words)
-    ]
+def slurmd_pid_file() -> Path:
+    lines = _slurm("scontrol", "show", "config").splitlines()
+    return Path(next(line.split("=", 1)[1].strip() for line in lines if line.startswith("SlurmdPidFile")))
+
+
+def slurmd_pid(pid_file: Path) -> int | None:
+    """The pid of this machine's slurmd, from its pid file; None while it names no live slurmd."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        is_slurmd = Path(f"/proc/{pid}/exe").resolve().name.startswith("slurmd")  # Debian: slurmd-wlm
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if alive and is_slurmd else None
+
+
+def kill_slurmd(workdir: Path, running: dict[int, Path]) -> tuple[str, list[str]]:
+    """kill -9 of slurmd while jobs run, then its own command line again ``SLURMD_DOWN_SECONDS`` later (as a
+    supervisor would). The jobs' slurmstepd run on; a job Slurm failed to launch meanwhile ("launch failed
+    requeued held") is released. A record of the old pid in ``started-slurmd.pid`` beside its pid file's
+    directory (../shared/slurm-local's, which its teardown stops) is updated to the new one."""
+    pid_file = slurmd_pid_file()
+    pid = slurmd_pid(pid_file)
+    if pid is None:
+        raise RuntimeError(f"no live slurmd in {pid_file}: is this a node of the cluster?")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    node = _slurm("sinfo", "-h", "-N", "-o", "%N").split()[0]
+    os.kill(pid, signal.SIGKILL)
+    try:
+        wait_until(lambda: slurmd_pid(pid_file) is None, 30)
+        time.sleep(SLURMD_DOWN_SECONDS)
+    finally:  # whatever happens here, slurmd comes back
+        subprocess.run(argv, check=True, timeout=60)  # it daemonizes and writes its pid file
+    if not wait_until(lambda: slurmd_pid(pid_file) not in (None, pid), 60):
+        raise RuntimeError(f"slurmd did not come back: {' '.join(argv)}")
+    new_pid = slurmd_pid(pid_file)
+    record = pid_file.parent.parent / "started-slurmd.pid"
+    if record.is_file() and record.read_text().split() == [str(pid)]:
+        record.write_text(f"{new_pid}\n")
+    wait_until(lambda: not _slurm("sinfo", "-h", "-N", "-n", node, "-o", "%T").strip().endswith("*"), 120)
+    for line in _slurm("squeue", "-h", "-o", "%i|%Z|%r").splitlines():
+        job, cwd, reason = line.split("|", 2)
+        if cwd == str(workdir) and "launch failed" in reason:
+            subprocess.run(["scontrol", "release", job], capture_output=True)
+    runs = sorted({str(run.relative_to(workdir)) for run in running.values()})
+    down = f"down {SLURMD_DOWN_SECONDS:.0f} s"
+    return f"slurmd {pid} -> {new_pid} on {node}, {down}; jobs ran on: {', '.join(runs)}", []
+
+
+SAVE_WINDOW_SECONDS = 30.0
+"""A trainer's ``interrupted at`` line this soon after a fault is its save on it (KillWait + the save)."""
+
+
+def _events(lines: list[str], since: float) -> list[tuple[float, bool]]:
+    """(epoch seconds, is a save) of run.log's ``interrupted at`` / ``start:`` / ``resumed from`` lines in the
+    order written, from the whole second of ``since`` on (run.log has whole local seconds)."""
+    events = []
+    for line in lines:
+        if not line[:4].isdigit():
+            continue
+        save = "interrupted at" in line
+        if save or "resumed from" in line or " start:" in line:
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            if stamp >= int(since):
+                events.append((stamp, save))
+    return events
 
 
 def recovery_seconds(workdir: Path, fault: Fault) -> float | None:
-    """Seconds from the fault until every run it hit trains again: run.log's next `start:` / `resumed from`
-    line after the state it saved on the fault (`interrupted at`), or after the fault itself when the trainer
-    was killed without saving; None when a run never did (it had finished, or the fault missed it)."""
+    """Seconds from the fault until every run it hit trains again: run.log's first `start:` / `resumed from`
+    line more than a second after the fault (a restart takes a new job or session; a start in the fault's
+    own second is the trainer it hit) and after the save the hit trainer wrote on it (`interrupted at` within
+    SAVE_WINDOW_SECONDS), if any; None when a run never did (it had finished, or the fault missed it)."""
     waits = []
     for run in fault.runs:
         log = workdir / run / "run.log"
         lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-        saved = [s for s in _stamped(lines, ("interrupted at",)) if s >= int(fault.at_time)]
-        anchor = saved[0] if saved else int(fault.at_time)
-        later = [s for s in _stamped(lines, ("resumed from", " start:")) if s >= anchor]
+        events = _events(lines, fault.at_time)
+        saves = [k for k, (stamp, save) in enumerate(events) if save]
+        after = saves[0] + 1 if saves and events[saves[0]][0] <= fault.at_time + SAVE_WINDOW_SECONDS else 0
+        later = [stamp for stamp, save in events[after:] if not save and stamp > fault.at_time + 1]
         if not later:
             return None
         waits.append(later[0] - fault.at_time)
@@ -480,7 +548,8 @@ def run_with_faults(
             due = kind is not None and ran_before + now - session_start >= times[len(record.faults)]
             if due and now >= retry_at:
                 busy = sorted(str(r.relative_to(workdir)) for r in trainers(workdir).values())
-                if kind in ("scancel", "time_limit", "requeue", "node_down"):
+                wall = time.time()  # when the fault begins: injecting one may take seconds (kill_slurmd: 20)
+                if kind in ("scancel", "time_limit", "requeue", "node_down", SLURMD_KIND):
                     hit = inject_slurm(kind, controller, workdir, rng)
                     target, runs = hit if hit is not None else (None, [])
                 else:
@@ -492,9 +561,7 @@ def run_with_faults(
                     retry_at = now + 0.5
                     continue
                 session = len(record.sessions) + 1
-                record.faults.append(
-                    Fault(kind, session, round(now - session_start, 2), target, runs, time.time())
-                )
+                record.faults.append(Fault(kind, session, round(now - session_start, 2), target, runs, wall))
                 injected += 1
                 killed = killed or kind == "kill_controller"
             time.sleep(0.05)
@@ -615,6 +682,7 @@ def run(
     slurm = executor == "slurm"
     launch = ["--workflow-profile", str(slurm_profile(workdir))] if slurm else ["--cores", str(cores)]
     all_kinds = SLURM_KINDS if slurm else KINDS
+    drawn = dict.fromkeys([*all_kinds, *(kinds or [])])
     expected, ref_seconds = reference(workdir, base, launch)
     # every fault falls well inside the uninterrupted campaign's length (the clock stops between sessions,
     # while the orphans of a killed controller may still finish work)
@@ -642,7 +710,7 @@ def run(
                 ),
                 "faults_injected": len(record.faults),
                 "faults_planned_at_seconds": record.planned_seconds,
-                "faults_by_kind": {k: sum(f.kind == k for f in record.faults) for k in all_kinds},
+                "faults_by_kind": {k: sum(f.kind == k for f in record.faults) for k in drawn},
                 "faults": [
                     {**asdict(f), "recovery_seconds": recovery_seconds(target, f)} for f in record.faults
                 ],
@@ -679,7 +747,7 @@ def main() -> int:
     parser.add_argument(
         "--kinds",
         nargs="+",
-        choices=sorted({*KINDS, *SLURM_KINDS}),
+        choices=sorted({*KINDS, *SLURM_KINDS, SLURMD_KIND}),
         help="fault kinds to draw from (default: all of the executor's)",
     )
     parser.add_argument("--output", type=Path, help="also write the JSON here")

@@ -1,5 +1,6 @@
 # The input and params functions of every stage's rules: each one line that asks the plan (tiny_llm.pipeline,
-# built once in the Snakefile). Functions only; the stage files hold the rules.
+# built once in the Snakefile), and the guard that lets one controller at a time run in a directory. Functions
+# only; the stage files hold the rules.
 #
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
 # are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
@@ -8,12 +9,17 @@
 # function taking `input` is not a params trigger). The trainer then sets aside a run of another recipe
 # identity; a rewritten recipe of the same identity only redoes its final validation from final.pt.
 
+import functools
 import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import LockException
+from snakemake_interface_executor_plugins.settings import ExecMode
+
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
     ANALYSIS_JOB,
@@ -94,6 +100,34 @@ def input_parent(wildcards, input) -> str:
 def runs_root(wildcards, input) -> str:
     """The directory holding the run directories of a report's inputs (<root>/<run>/result.json)."""
     return str(Path(input[0]).parents[1])
+
+
+# ----------------------------------------------------------------------------- one controller per directory
+
+
+def one_controller(execute):
+    """Snakemake's `execute`, run only by the one controller of this directory: a second one stops with one
+    line naming the first, and Snakemake's lock left by a killed one with one line saying to --unlock (its own
+    messages are several lines and a traceback). Dry runs, --nolock and the job processes Snakemake starts (on
+    Slurm too) take no lock, as in Snakemake; --unlock, --lint and --report never execute."""
+
+    @functools.wraps(execute)
+    def execute_alone(**kwargs):
+        dry = kwargs["executor_plugin"].common_settings.dryrun_exec
+        if workflow.execution_settings.lock and workflow.exec_mode == ExecMode.DEFAULT and not dry:
+            try:
+                become_the_controller(Path.cwd())
+            except TinyLLMError as exc:
+                sys.exit(f"error: {exc}")
+        try:
+            return execute(**kwargs)
+        except LockException:
+            sys.exit(f"error: {stale_snakemake_lock(Path.cwd())}")
+
+    return execute_alone
+
+
+workflow.execute = one_controller(workflow.execute)
 
 
 # ----------------------------------------------------------------------------- data

@@ -277,6 +277,16 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
     The kernel drops the lock when the process dies (even by SIGKILL), so a
     stale lock file never blocks a rerun. A symbolic link in its place is refused, not followed.
     """
+    fd = acquire_lock(lock_path, what)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def acquire_lock(lock_path: str | os.PathLike[str], what: str, busy: str | None = None) -> int:
+    """The fd holding an exclusive, non-blocking flock on ``lock_path`` (closing it releases the lock), or a
+    one-line RunStateError: ``busy`` when another process holds it (default: ``what`` is in use)."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -287,20 +297,23 @@ def exclusive_lock(lock_path: str | os.PathLike[str], what: str) -> Iterator[Non
         reason = "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file"
         raise RunStateError(f"{what}: its lock {lock_path} is {reason}; remove it and rerun") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunStateError(
-                f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
-            ) from None
-        except OSError as exc:  # e.g. NFSv3 with no lock manager (ENOLCK), Lustre mounted noflock (ENOSYS)
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            raise RunStateError(
-                f"cannot lock {lock_path} ({exc.strerror}): its filesystem does not support flock; "
-                "put it on storage with working locks (README, 'Shared storage')"
-            ) from None
-        note_lock_holder(fd)
-        yield
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise RunStateError(
+            busy or f"{what} is in use by another process (lock {lock_path}); wait for it or stop it first"
+        ) from None
+    except OSError as exc:  # e.g. NFSv3 with no lock manager (ENOLCK), Lustre mounted noflock (ENOSYS)
+        os.close(fd)
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        raise RunStateError(
+            f"cannot lock {lock_path} ({exc.strerror}): its filesystem does not support flock; "
+            "put it on storage with working locks (README, 'Shared storage')"
+        ) from None
+    try:
+        note_lock_holder(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

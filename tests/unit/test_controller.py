@@ -1,12 +1,17 @@
-"""The Snakemake controller's own behaviour (tiny_llm.pipeline.controller): SIGTERM acts like Ctrl-C, and the
-closing lines of a failed or stopped run."""
+"""The Snakemake controller's own behaviour (tiny_llm.pipeline.controller): SIGTERM acts like Ctrl-C, the
+closing lines of a failed or stopped run, one controller per workflow directory."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tiny_llm.errors import RunStateError
 from tiny_llm.pipeline import controller
 
 SIGTERM_SCRIPT = """
@@ -48,3 +53,33 @@ def test_sigint_to_the_controller_alone_also_stops_its_jobs() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "interrupted -15"
+
+
+HOLD_SCRIPT = """
+import sys
+from pathlib import Path
+from tiny_llm.pipeline.controller import become_the_controller
+become_the_controller(Path(sys.argv[1]))
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def test_a_second_controller_is_refused_in_one_line_naming_the_first(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", HOLD_SCRIPT, str(tmp_path)]
+    first = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline() == "held\n"
+        with pytest.raises(RunStateError) as refused:
+            controller.become_the_controller(tmp_path)
+        message = str(refused.value)
+        assert "\n" not in message and f"(pid {first.pid} on {socket.gethostname()})" in message
+        assert f"is running in {tmp_path}; wait for it to end" in message
+    finally:
+        first.stdin.close()
+        first.wait(timeout=30)
+    # its exit released the lock (as kill -9 would): this process is the controller now, and stays it
+    controller.become_the_controller(tmp_path)
+    controller.become_the_controller(tmp_path)
+    assert (tmp_path / controller.CONTROLLER_LOCK).read_text() == f"{socket.gethostname()} {os.getpid()}\n"
+    os.close(controller._HELD.pop())

@@ -7,8 +7,51 @@ import signal
 from pathlib import Path
 from types import FrameType
 
+from tiny_llm.io import acquire_lock
+
 STOPPED_BY: list[int] = []
 """Signals that stopped this controller (set by the SIGTERM handler; read by the closing lines)."""
+CONTROLLER_LOCK = Path(".snakemake/tiny-llm-controller.lock")
+"""Held by the one controller of a workflow directory (relative to it), for as long as it runs."""
+_HELD: list[int] = []
+"""The fd of the controller lock this process holds (never closed: the process's exit releases it)."""
+
+
+def become_the_controller(directory: Path) -> None:
+    """Take the controller lock of ``directory`` for the rest of this process, or fail with one line naming
+    the controller that holds it.
+
+    A flock, like the run and cache locks: the kernel drops it when its holder dies, even by kill -9, so
+    unlike Snakemake's own lock files (.snakemake/locks) it never outlives a controller.
+    """
+    if _HELD:
+        return
+    path = directory / CONTROLLER_LOCK
+    holder = lock_holder(path)
+    busy = (
+        f"another snakemake controller{holder} is running in {directory}; wait for it to end, or stop it "
+        "(Ctrl-C or kill: its jobs save their state), then rerun"
+    )
+    _HELD.append(acquire_lock(path, f"the workflow directory {directory}", busy=busy))
+
+
+def lock_holder(path: Path) -> str:
+    """ " (pid N on HOST)" from a lock file's note of its holder (tiny_llm.io.note_lock_holder), else ""."""
+    try:
+        host, pid = path.read_text(encoding="utf-8", errors="replace").split()
+    except (OSError, ValueError):
+        return ""
+    return f" (pid {pid} on {host})"
+
+
+def stale_snakemake_lock(directory: Path) -> str:
+    """What to do about Snakemake's lock files while this controller holds the controller lock: they were
+    left by one that died (kill -9, a rebooted login node), or that runs on a host sharing no locks with
+    this one."""
+    return (
+        f"{directory} holds Snakemake's lock of a controller that is no longer running (killed?); if no "
+        "snakemake runs there, run `snakemake --unlock` with the same options, then this command again"
+    )
 
 
 def interrupt_on_sigterm(forward_to_jobs: bool) -> None:
