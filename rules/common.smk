@@ -113,7 +113,8 @@ def one_controller(execute):
 
     @functools.wraps(execute)
     def execute_alone(**kwargs):
-        dry = kwargs["executor_plugin"].common_settings.dryrun_exec
+        plugin = kwargs.get("executor_plugin")  # Snakemake 9's keyword; without it, its own lock alone
+        dry = plugin is None or plugin.common_settings.dryrun_exec
         if workflow.execution_settings.lock and workflow.exec_mode == ExecMode.DEFAULT and not dry:
             try:
                 become_the_controller(Path.cwd())
