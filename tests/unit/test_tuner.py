@@ -7,7 +7,9 @@ import os
 import select
 import sys
 import textwrap
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -216,14 +218,33 @@ def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Pat
     assert result["status"] == "ok"
 
 
-def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
-    profile = gpu_profile(budget_minutes=2.5 / 60, min_start_seconds=1.0, threads=[1])
-    fake(sleep=1.0)
+def each_candidate_takes(seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give the tuner a clock on which every measured candidate takes ``seconds``, however long its worker
+    really runs: the budget's arithmetic is then the same on an idle and on a busy machine."""
+    clock = [0.0]
+    measure = tuner.run_process_group
+
+    def run_process_group(cmd: list[str], log_path: Path, timeout: float) -> tuple[int, bool]:
+        outcome = measure(cmd, log_path, timeout)
+        clock[0] += seconds
+        return outcome
+
+    monkeypatch.setattr(tuner, "run_process_group", run_process_group)
+    monkeypatch.setattr(tuner, "time", SimpleNamespace(**{**vars(time), "monotonic": lambda: clock[0]}))
+
+
+def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake, monkeypatch):
+    # 100 s of budget, 40 s per candidate, none started with less than 30 s left: two measured, then skips
+    profile = gpu_profile(budget_minutes=100 / 60, min_start_seconds=30.0, threads=[1])
+    fake()
+    each_candidate_takes(40.0, monkeypatch)
     plan = make_plan(profile)
     summary = run_all(plan, tmp_path / "out")
     statuses = [c["status"] for c in summary["candidates"]]
     assert statuses[0] == "ok" and "skipped_budget" in statuses
     first_skip = statuses.index("skipped_budget")
+    measured = [c["wall_seconds"] for c in summary["candidates"][:first_skip] if "wall_seconds" in c]
+    assert measured == [40.0, 40.0]
     assert all(s in ("skipped_budget", "skipped") for s in statuses[first_skip:])
     assert summary["budget_exhausted"] is True
     assert summary["selected"]["name"] in [c["name"] for c in summary["candidates"][:first_skip]]
