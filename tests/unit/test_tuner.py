@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import subprocess
 import sys
 import textwrap
 import time
@@ -41,6 +42,8 @@ FAKE_WORKER = textwrap.dedent(
     if label in knobs.get("hang", []):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open(knobs["child_pid"], "w").write(str(child.pid))
+        if "FAKE_HANGING_FD" in os.environ:
+            os.write(int(os.environ["FAKE_HANGING_FD"]), b"hanging")
         time.sleep(120)
     time.sleep(knobs.get("sleep", 0))
     tps = micro * (3 if comp else 1)
@@ -204,9 +207,31 @@ def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
     ) == 0
 
 
-def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake):
+def timeouts_count_from_the_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's wait on a worker starts once the worker says it hangs (its child started, its pid
+    written) or has exited: a slow start on a busy machine cannot use up the candidate timeout."""
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *args, **kwargs) -> None:
+            self.hanging, write = os.pipe()
+            env = {**os.environ, "FAKE_HANGING_FD": str(write)}
+            super().__init__(*args, **kwargs, env=env, pass_fds=(write,))
+            os.close(write)
+
+        def wait(self, timeout: float | None = None) -> int:
+            if self.hanging is not None:
+                os.read(self.hanging, 7)  # b"hanging", or b"" when the worker ended without
+                os.close(self.hanging)
+                self.hanging = None
+            return super().wait(timeout)
+
+    monkeypatch.setattr(tuner, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": Popen}))
+
+
+def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake, monkeypatch):
     profile = gpu_profile(stage1=[[8, False], [16, True]], candidate_timeout_seconds=2.0, threads=[1])
     fake(hang=["m8-eager"])
+    timeouts_count_from_the_hang(monkeypatch)
     plan = make_plan(profile)
     tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
     hung = json.loads((tmp_path / "out" / "candidates" / "s1-m8-eager.json").read_text())
