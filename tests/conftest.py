@@ -11,6 +11,7 @@ The cache is prepared once per session and must not be modified by tests (copy i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,16 @@ TINY_VALIDATION_FRACTION = 0.1
 TINY_VOCAB = 512
 TINY_CACHE_TRAIN_TOKENS = 200_000
 """More than the `tiny` / `packed4-tiny` budgets need (~132k), so small overrides still fit."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n N`) each worker's torch gets its share of the cores: N workers with a thread
+    per core each would oversubscribe the machine (the fast tier runs with `-n 2`, README.md)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 @pytest.fixture(scope="session")

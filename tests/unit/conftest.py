@@ -23,4 +23,5 @@ def restore_torch_globals() -> Iterator[None]:
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     yield
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the call imports torch._inductor
+        torch.use_deterministic_algorithms(deterministic)

@@ -203,7 +203,15 @@ import tiny_llm.data.prepare as prepare
 from tiny_llm.config import load_recipe
 
 join = prepare.join_with_eos
-prepare.join_with_eos = lambda ids, eos: (time.sleep(60), join(ids, eos))[1]  # stall mid-write
+
+
+def stall(ids, eos):  # mid-write, holding the lock: say so, then wait to be killed
+    print("stalled", flush=True)
+    time.sleep(600)
+    return join(ids, eos)
+
+
+prepare.join_with_eos = stall
 prepare.prepare_cache(load_recipe(["tiny"], sys.argv[1:]), progress=False)
 """
 
@@ -213,24 +221,23 @@ def test_killed_preparer_holds_the_lock_and_its_partial_is_cleaned(small, tiny_r
     import signal
     import subprocess
     import sys
-    import time
 
     sets = [*tiny_recipe_args(tmp_path / "killed"), "data.prepare_train_tokens=5000"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_PREPARER, *sets], env=env, stderr=subprocess.PIPE)
+    command = [sys.executable, "-c", SLOW_PREPARER, *sets]
+    errors = tmp_path / "preparer.err"
+    with errors.open("w") as stderr:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
-        marker = tmp_path / "killed.partial" / "tokenizer" / "tokenizer.json"
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "the preparer never started writing"
-            time.sleep(0.05)
+        # blocks until the preparer stalls mid-write (or ends, closing its stdout: then it failed)
+        assert "stalled\n" in iter(proc.stdout.readline, ""), errors.read_text()
         with pytest.raises(RunStateError, match="in use by another process"):
             prepare_cache(small("killed"), progress=False)
         assert proc.poll() is None  # refused while the holder still runs: it did not wait for the lock
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
     assert (tmp_path / "killed.partial").exists() and not (tmp_path / "killed").exists()
     result = prepare_cache(small("killed"), progress=False)
     assert not (tmp_path / "killed.partial").exists() and result.train_tokens == 5000

@@ -120,6 +120,10 @@ def test_plan_files_pattern_matches_exactly_the_plan_files() -> None:
     [
         ({"runs": {"r": {"size": "huge"}}}, "runs.r.size: unknown size 'huge'; sizes: tiny"),
         (
+            {"runs": {"r": {"size": "tiny", "overrides": {"optimizer": {"lrr": 0.1}}}}},
+            "runs.r: invalid recipe: optimizer.lrr: unknown key (did you mean 'lr'?)",
+        ),
+        (
             {"campaign": {"stages": [{"size": "huge", "lr": [0.001]}]}},
             "campaign.stages[0].size: unknown size 'huge'; sizes: tiny",
         ),

@@ -12,6 +12,7 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
 from train_helpers import cli_sets
 
 from tiny_llm.progress import PROGRESS_ENV, counted, on_terminal, progress_bar
@@ -55,10 +56,18 @@ def test_train_draws_a_bar_on_a_terminal_and_keeps_lines_in_run_log(tiny_cache, 
     assert "epoch 1/3 step 2/28" in (run_dir / "run.log").read_text()
 
 
-def test_train_writes_lines_when_output_is_a_file(tiny_cache, tiny_recipe_args, tmp_path):
-    run_dir = tmp_path / "file"
+@pytest.fixture(scope="module")
+def trained_to_a_file(
+    tiny_cache, tiny_recipe_args, tmp_path_factory
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """`train` with its output going to pipes: (run directory, process); the evaluation test reads the run."""
+    run_dir = tmp_path_factory.mktemp("progress") / "file"
     argv = [sys.executable, "-m", "tiny_llm", "train", *cli_sets(tiny_cache, tiny_recipe_args, run_dir)]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=environment(), check=False)
+    return run_dir, subprocess.run(argv, capture_output=True, text=True, env=environment(), check=False)
+
+
+def test_train_writes_lines_when_output_is_a_file(trained_to_a_file):
+    _, proc = trained_to_a_file
     assert proc.returncode == 0, proc.stderr
     assert "epoch 1/3 step 2/28" in proc.stdout and "tok/s" in proc.stdout
     assert "\r" not in proc.stdout + proc.stderr and "tokens [" not in proc.stderr
@@ -74,12 +83,9 @@ def test_helpers_change_nothing_off_a_terminal(monkeypatch):
     assert type(bar).__name__ == "_NoBar"
 
 
-def test_evaluate_full_draws_a_bar_on_a_terminal(tiny_cache, tiny_recipe_args, tmp_path):
-    run_dir = tmp_path / "run"
-    sets = cli_sets(tiny_cache, tiny_recipe_args, run_dir)
-    subprocess.run(
-        [sys.executable, "-m", "tiny_llm", "train", *sets], env=environment(), check=True, capture_output=True
-    )
+def test_evaluate_full_draws_a_bar_on_a_terminal(trained_to_a_file):
+    run_dir, proc = trained_to_a_file
+    assert proc.returncode == 0, proc.stderr
     config = ["--config", str(Path(run_dir) / "resolved.yaml")]
     argv = [sys.executable, "-m", "tiny_llm", "evaluate", *config, "--checkpoint", str(run_dir / "final.pt")]
     code, drawn = on_a_terminal([*argv, "--full"])

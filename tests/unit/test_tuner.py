@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -51,6 +54,8 @@ FAKE_WORKER = textwrap.dedent(
     if label in knobs.get("hang", []):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open(knobs["child_pid"], "w").write(str(child.pid))
+        if "FAKE_HANGING_FD" in os.environ:
+            os.write(int(os.environ["FAKE_HANGING_FD"]), b"hanging")
         time.sleep(120)
     time.sleep(knobs.get("sleep", 0))
     tps = micro * (3 if comp else 1)
@@ -235,9 +240,31 @@ def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
     ) == 0
 
 
-def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake):
+def timeouts_count_from_the_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner's wait on a worker starts once the worker says it hangs (its child started, its pid
+    written) or has exited: a slow start on a busy machine cannot use up the candidate timeout."""
+
+    class Popen(subprocess.Popen):
+        def __init__(self, *args, **kwargs) -> None:
+            self.hanging, write = os.pipe()
+            env = {**os.environ, "FAKE_HANGING_FD": str(write)}
+            super().__init__(*args, **kwargs, env=env, pass_fds=(write,))
+            os.close(write)
+
+        def wait(self, timeout: float | None = None) -> int:
+            if self.hanging is not None:
+                os.read(self.hanging, 7)  # b"hanging", or b"" when the worker ended without
+                os.close(self.hanging)
+                self.hanging = None
+            return super().wait(timeout)
+
+    monkeypatch.setattr(tuner, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": Popen}))
+
+
+def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Path, fake, monkeypatch):
     profile = gpu_profile(stage1=[[16, True], [8, False], [4, False]], candidate_timeout_seconds=2.0)
     fake(hang=["m8-eager"])
+    timeouts_count_from_the_hang(monkeypatch)
     plan = make_plan(profile)
     assert tuner.run_candidate(plan, "s1-m16-compile", tmp_path / "out")["status"] == "ok"
     tuner.run_candidate(plan, "s1-m8-eager", tmp_path / "out")
@@ -250,14 +277,33 @@ def test_hanging_candidate_killed_with_its_group_and_tuner_goes_on(tmp_path: Pat
     assert result["status"] == "ok"
 
 
-def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake):
-    profile = gpu_profile(budget_minutes=2.5 / 60, min_start_seconds=1.0, threads=[1])
-    fake(sleep=1.0)
+def each_candidate_takes(seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give the tuner a clock on which every measured candidate takes ``seconds``, however long its worker
+    really runs: the budget's arithmetic is then the same on an idle and on a busy machine."""
+    clock = [0.0]
+    measure = tuner.run_process_group
+
+    def run_process_group(cmd: list[str], log_path: Path, timeout: float) -> tuple[int, bool]:
+        outcome = measure(cmd, log_path, timeout)
+        clock[0] += seconds
+        return outcome
+
+    monkeypatch.setattr(tuner, "run_process_group", run_process_group)
+    monkeypatch.setattr(tuner, "time", SimpleNamespace(**{**vars(time), "monotonic": lambda: clock[0]}))
+
+
+def test_budget_exhaustion_skips_remaining_candidates(tmp_path: Path, fake, monkeypatch):
+    # 100 s of budget, 40 s per candidate, none started with less than 30 s left: two measured, then skips
+    profile = gpu_profile(budget_minutes=100 / 60, min_start_seconds=30.0, threads=[1])
+    fake()
+    each_candidate_takes(40.0, monkeypatch)
     plan = make_plan(profile)
     summary = run_all(plan, tmp_path / "out")
     statuses = [c["status"] for c in summary["candidates"]]
     assert statuses[0] == "ok" and "skipped_budget" in statuses
     first_skip = statuses.index("skipped_budget")
+    measured = [c["wall_seconds"] for c in summary["candidates"][:first_skip] if "wall_seconds" in c]
+    assert measured == [40.0, 40.0]
     assert all(s in ("skipped_budget", "skipped") for s in statuses[first_skip:])
     assert summary["budget_exhausted"] is True
     assert summary["selected"]["name"] in [c["name"] for c in summary["candidates"][:first_skip]]

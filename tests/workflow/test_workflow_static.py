@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import REPO, SNAKEFILE, snakemake, tiny_config, write_config
+from workflow_helpers import DEMO_STAGES, REPO, SNAKEFILE, WITHOUT_TORCH, snakemake, tiny_config, write_config
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -28,9 +27,9 @@ def test_lint_is_clean(tmp_path: Path) -> None:
     assert "Congratulations, your workflow is in a good condition" in proc.stdout + proc.stderr
 
 
-def test_default_target_is_the_embedded_demo(tmp_path: Path) -> None:
+def test_default_target_is_the_embedded_demo(demo_dry_run: subprocess.CompletedProcess) -> None:
     """Shipped config: corpus -> tokenizer -> cache -> every demo run, evaluated and plotted."""
-    proc = snakemake(tmp_path, None, "-n", "--configfile", str(REPO / "workflow_config.yaml"))
+    proc = demo_dry_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = job_counts(proc.stdout)
     demo_runs = len(_load_yaml(REPO / "workflow_config.yaml")["runs"])
@@ -40,8 +39,10 @@ def test_default_target_is_the_embedded_demo(tmp_path: Path) -> None:
     assert "python -m tiny_llm build-demo-corpus" in proc.stdout
 
 
-def test_cluster_config_streams_c4_without_building_a_corpus(tmp_path: Path) -> None:
-    proc = snakemake(tmp_path, REPO / "config" / "cluster.yaml", "-n", "runs", "data")
+def test_cluster_config_streams_c4_without_building_a_corpus(
+    tmp_path: Path, cluster_dry_run: subprocess.CompletedProcess
+) -> None:
+    proc = cluster_dry_run  # runs, data and the GH200 tuning
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = job_counts(proc.stdout)
     assert "build_corpus" not in counts and "train_tokenizer" not in counts
@@ -76,17 +77,12 @@ def test_only_a_gpu_configuration_announces_gpus(tmp_path: Path) -> None:
     assert re.search(r"gpu\W+4\b", announced), announced
 
 
-def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
-    """Parsing and planning stay torch-free (fast on a login node and in CI)."""
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from snakemake.cli import main\n"
-        f"sys.argv = ['snakemake', '-n', '--snakefile', {str(SNAKEFILE)!r}, "
-        f"'--directory', {str(tmp_path)!r}, '--configfile', {str(REPO / 'workflow_config.yaml')!r}]\n"
-        "main()\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_dry_run_never_imports_torch(demo_dry_run: subprocess.CompletedProcess) -> None:
+    """Parsing and planning stay torch-free (fast on a login node and in CI): the default target's dry run
+    is made by a controller in which importing torch fails."""
+    assert demo_dry_run.args[1:3] == ["-c", WITHOUT_TORCH]
+    assert demo_dry_run.returncode == 0, demo_dry_run.stdout + demo_dry_run.stderr
+    assert "train_run" in job_counts(demo_dry_run.stdout)
 
 
 def test_schema_rejects_a_typo_with_one_clear_line(tmp_path: Path) -> None:
@@ -101,6 +97,9 @@ def test_schema_rejects_a_typo_with_one_clear_line(tmp_path: Path) -> None:
     assert "typo.yaml" in text
 
 
+# The messages are tests/unit/test_pipeline.py's (in-process, the same build_plan the Snakefile calls), and
+# test_schema_rejects_a_typo_with_one_clear_line shows that the Snakefile stops with them: full suite only.
+@pytest.mark.slow
 def test_schema_rejects_wrong_types_and_unknown_sizes(tmp_path: Path) -> None:
     config = tiny_config(bad={"size": "huge"})
     config["sizes"]["tiny"]["threads"] = "four"
@@ -114,6 +113,7 @@ def test_schema_rejects_wrong_types_and_unknown_sizes(tmp_path: Path) -> None:
     assert "runs.bad.size: unknown size 'huge'; sizes: tiny" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # in-process: tests/unit/test_pipeline.py::test_bad_stage_settings_name_the_key
 def test_recipe_overrides_are_validated_when_the_workflow_is_parsed(tmp_path: Path) -> None:
     config = tiny_config(a={"size": "tiny", "overrides": {"optimizer": {"lrr": 0.1}}})
     proc = snakemake(tmp_path, write_config(tmp_path / "recipe.yaml", config), "-n")
@@ -141,8 +141,10 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert "set -euo pipefail" in ci
 
 
-def test_export_stage_dry_runs_one_job_per_run_and_campaign_size(tmp_path: Path) -> None:
-    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "export")
+def test_export_stage_dry_runs_one_job_per_run_and_campaign_size(
+    demo_stages_dry_run: subprocess.CompletedProcess,
+) -> None:
+    proc = demo_stages_dry_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = job_counts(proc.stdout)
     config = _load_yaml(REPO / "workflow_config.yaml")
@@ -163,9 +165,11 @@ def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path)
     assert "results/sweep-20m/stage1/20m-lr0.0056-wd0.1-beta2-0.98-s43/result.json" in proc.stdout
 
 
-def test_demo_campaign_trains_every_configuration_with_two_seeds(tmp_path: Path) -> None:
+def test_demo_campaign_trains_every_configuration_with_two_seeds(
+    demo_stages_dry_run: subprocess.CompletedProcess,
+) -> None:
     """The shipped demo: 6 -> 4 -> 2 configurations x 2 seeds (its losses and time: benchmarks/README.md)."""
-    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "campaign")
+    proc = demo_stages_dry_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert job_counts(proc.stdout)["train_campaign"] == 24
     assert "stage1: 12 (6 configurations x 2 seeds) x demo-s" in proc.stdout
@@ -173,8 +177,10 @@ def test_demo_campaign_trains_every_configuration_with_two_seeds(tmp_path: Path)
     assert "results/campaign/stage2/demo-m-parent1-beta2-0.99-s43/result.json" in proc.stdout
 
 
-def test_analysis_stage_dry_runs_one_job_per_epoch_and_case(tmp_path: Path) -> None:
-    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "analysis")
+def test_analysis_stage_dry_runs_one_job_per_epoch_and_case(
+    demo_stages_dry_run: subprocess.CompletedProcess,
+) -> None:
+    proc = demo_stages_dry_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = job_counts(proc.stdout)
     assert counts["analyze_checkpoint"] >= 4 and counts["analyze_checkpoint"] % 2 == 0
@@ -183,11 +189,14 @@ def test_analysis_stage_dry_runs_one_job_per_epoch_and_case(tmp_path: Path) -> N
     assert command in proc.stdout
 
 
-def test_timed_jobs_take_every_core_so_nothing_runs_beside_them(tmp_path: Path) -> None:
+def test_timed_jobs_take_every_core_so_nothing_runs_beside_them(
+    demo_stages_dry_run: subprocess.CompletedProcess,
+) -> None:
     """Locally a tuning candidate or packed benchmark asks for all cores: the scheduler starts nothing beside
     it, while a training job asks for its size's threads."""
-    targets = ("tuning", "packed", "runs")
-    proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "-n", "--cores", "2", *targets)
+    proc = demo_stages_dry_run
+    assert {"tuning", "packed", "runs"} <= set(DEMO_STAGES)
+    assert proc.args[proc.args.index("--cores") + 1] == "2"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     blocks = proc.stdout.split("\n\n")
     timed = [b for b in blocks if "rule bench_candidate:" in b or "rule bench_packed:" in b]

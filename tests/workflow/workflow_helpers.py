@@ -12,6 +12,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SNAKEFILE = REPO / "Snakefile"
 
+WITHOUT_TORCH = (
+    "import sys\nsys.modules['torch'] = None\nfrom snakemake.cli import main\nmain(sys.argv[1:])\n"
+)
+"""Snakemake's command line in a process where importing torch fails."""
+
+DEMO_STAGES = ("export", "campaign", "analysis", "tuning", "packed", "runs")
+"""The shipped config's stage targets; the jobs a stage's test counts are the same in their joint DAG."""
+
 
 def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> list[str]:
     """A snakemake call on the repository's Snakefile with ``workdir`` as working directory."""
