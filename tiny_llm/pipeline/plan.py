@@ -27,6 +27,8 @@ from tiny_llm.pipeline.layout import (
     EXPORT_RUN,
     EXPORTS_DIR,
     EXPORTS_SAMPLES,
+    HORIZONS_PLOT,
+    HORIZONS_TABLE,
     PACKED_BENCH_SUMMARY,
     PACKED_REPORT,
     RUN_DIR,
@@ -215,6 +217,8 @@ class WorkflowPlan:
             "campaign": [self.campaign.paths.report.table] if self.campaign.config else [],
             "packed": [PACKED_REPORT.table, PACKED_BENCH_SUMMARY],
             "export": [EXPORTS_SAMPLES, f"{EXPORTS_DIR}/"],
+            "analysis": [f for name in self.analysis.runs for f in self.analysis.summary_files(name)[0:3:2]],
+            "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
         }
         lines = []
         for stage, files in picks.items():
