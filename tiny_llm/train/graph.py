@@ -100,7 +100,7 @@ class GraphEngine(ModelEngine):
                 self.lr.fill_(group["lr"])
             group["lr"], group["capturable"] = self.lr, True
         # Warm-up and short updates run uncaptured on purpose: no warning about capturable=True for them.
-        self.optimizer._warned_capturable_if_run_uncaptured = True  # type: ignore[attr-defined]
+        self.optimizer._warned_capturable_if_run_uncaptured = True
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
         num_targets = blocks.shape[0] * (blocks.shape[1] - 1)
