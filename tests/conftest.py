@@ -11,9 +11,12 @@ The cache is prepared once per session and must not be modified by tests (copy i
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -33,6 +36,18 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
+@pytest.fixture(scope="session")
+def fault_benchmark() -> ModuleType:
+    """benchmarks/faults.py as a module (it is a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "faults.py"
+    spec = importlib.util.spec_from_file_location("faults_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,13 @@ Budget: about 10 min on the CI box (runs long enough to be interrupted, a campai
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import pytest
 import yaml
@@ -206,17 +204,11 @@ def status_queries(shims: Path) -> int:
     return shim_calls(shims, "sacct") + shim_calls(shims, "squeue")
 
 
-def load_fault_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_faulted_campaign_through_slurm_equals_the_uninterrupted_one(setup: Setup) -> None:
+def test_faulted_campaign_through_slurm_equals_the_uninterrupted_one(
+    setup: Setup, fault_benchmark: ModuleType
+) -> None:
     """The short version of `benchmarks/faults.py --executor slurm`: one fault of each Slurm kind."""
-    benchmark = load_fault_benchmark()
+    benchmark = fault_benchmark
     kinds = list(benchmark.SLURM_KINDS)
     report = benchmark.run(setup.root / "faults", [1], len(kinds), shape="short", executor="slurm")
     (seed,) = report["seeds"]

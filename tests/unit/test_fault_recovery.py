@@ -3,29 +3,20 @@ run's next start after the save its trainer wrote on it, never the hit trainer's
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def stamp(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def recovery(tmp_path: Path, fault_at: float, lines: list[tuple[float, str]]) -> float | None:
-    benchmark = load_benchmark()
+def recovery(
+    benchmark: ModuleType, tmp_path: Path, fault_at: float, lines: list[tuple[float, str]]
+) -> float | None:
     (tmp_path / "run").mkdir(exist_ok=True)
     text = "".join(f"{stamp(at)} {words}\n" for at, words in lines)
     (tmp_path / "run/run.log").write_text(text)
@@ -33,18 +24,22 @@ def recovery(tmp_path: Path, fault_at: float, lines: list[tuple[float, str]]) ->
     return benchmark.recovery_seconds(tmp_path, fault)
 
 
-def test_a_start_in_the_faults_own_second_is_the_hit_trainer_not_its_restart(tmp_path: Path) -> None:
+def test_a_start_in_the_faults_own_second_is_the_hit_trainer_not_its_restart(
+    tmp_path: Path, fault_benchmark: ModuleType
+) -> None:
     t0 = float(int(time.time()) - 1000)  # a whole second: the fault comes 0.57 s into it
     lines = [(t0, "start: 48 updates"), (t0, "interrupted at step 2"), (t0 + 137, "resumed from x")]
-    assert recovery(tmp_path, t0 + 0.57, lines) == 136.4
+    assert recovery(fault_benchmark, tmp_path, t0 + 0.57, lines) == 136.4
 
 
-def test_a_save_long_after_the_fault_belongs_to_a_later_one(tmp_path: Path) -> None:
+def test_a_save_long_after_the_fault_belongs_to_a_later_one(
+    tmp_path: Path, fault_benchmark: ModuleType
+) -> None:
     t0 = float(int(time.time()) - 1000)
     # the trainer hit at t0 + 0.07 died before logging; its retry started at +35 and a later fault then hit it
     lines = [(t0 + 35, "start: 48 updates"), (t0 + 35, "interrupted at step 2"), (t0 + 172, "resumed from x")]
-    assert recovery(tmp_path, t0 + 0.07, lines) == 34.9
+    assert recovery(fault_benchmark, tmp_path, t0 + 0.07, lines) == 34.9
     # a trainer that saved on the fault restarts after its save; a run that never did has no recovery
     saved = (t0 + 3, "interrupted at step 9")
-    assert recovery(tmp_path, t0 + 0.07, [saved, (t0 + 20, "resumed from x")]) == 19.9
-    assert recovery(tmp_path, t0 + 0.07, [saved]) is None
+    assert recovery(fault_benchmark, tmp_path, t0 + 0.07, [saved, (t0 + 20, "resumed from x")]) == 19.9
+    assert recovery(fault_benchmark, tmp_path, t0 + 0.07, [saved]) is None

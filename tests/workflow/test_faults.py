@@ -4,32 +4,24 @@ complete, ends bitwise where the uninterrupted campaign ends."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
-from workflow_helpers import REPO
 
 pytestmark = pytest.mark.slow
 
 
-def load_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def faults(
+    tmp_path_factory: pytest.TempPathFactory, fault_benchmark: ModuleType
+) -> tuple[dict[str, Any], Path]:
     workdir = tmp_path_factory.mktemp("faults")
     kinds = ["kill_job", "kill_controller", "truncate_latest"]
-    report = load_benchmark().run(workdir, [3], 3, shape="short", kinds=kinds)
+    report = fault_benchmark.run(workdir, [3], 3, shape="short", kinds=kinds)
     return report, workdir
 
 
