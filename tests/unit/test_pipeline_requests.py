@@ -74,6 +74,11 @@ def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "results/cpu-tuning").mkdir(parents=True)
     (tmp_path / "results/cpu-tuning/selected.yaml").write_text("{}")
     assert plan.where_to_look() == ["  tuning    results/cpu-tuning/selected.yaml"]
+    summary = Path(plan.analysis.summary_files("demo-s")[0])
+    for path in (summary, Path("results/report/horizons/loss-vs-horizon.png")):
+        path.parent.mkdir(parents=True)
+        path.write_text("")
+    assert plan.where_to_look()[1:] == [f"  analysis  {summary}", "  horizons  " + str(path)]
 
 
 def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:

@@ -23,6 +23,8 @@ from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.horizons import HorizonsPlan
 from tiny_llm.pipeline.layout import (
+    ANALYSIS_ALIGNMENT,
+    ANALYSIS_SUMMARY,
     EXPORT_BEST,
     EXPORT_RUN,
     EXPORTS_DIR,
@@ -217,7 +219,11 @@ class WorkflowPlan:
             "campaign": [self.campaign.paths.report.table] if self.campaign.config else [],
             "packed": [PACKED_REPORT.table, PACKED_BENCH_SUMMARY],
             "export": [EXPORTS_SAMPLES, f"{EXPORTS_DIR}/"],
-            "analysis": [f for name in self.analysis.runs for f in self.analysis.summary_files(name)[0:3:2]],
+            "analysis": [
+                fill(path, analysed_run=name, settings_tag=self.analysis.tag)
+                for name in self.analysis.runs
+                for path in (ANALYSIS_SUMMARY, ANALYSIS_ALIGNMENT)
+            ],
             "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
         }
         lines = []
