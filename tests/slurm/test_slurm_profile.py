@@ -5,6 +5,7 @@ Its settings, and a dry run of the full-scale configuration with it: what each j
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -79,8 +80,15 @@ def test_full_scale_dry_run_asks_for_one_gpu_per_training_and_benchmark_job(tmp_
     shutil.copy(REPO / "workflow_config.yaml", tmp_path / "workflow_config.yaml")
     shutil.copytree(PROFILE.parent, tmp_path / "profiles" / "slurm")
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--workflow-profile"]
+    # a dry run submits nothing: no wait for a Slurm controller (tests/no-slurm-controller/scontrol)
+    path = f"{REPO / 'tests' / 'no-slurm-controller'}{os.pathsep}{os.environ.get('PATH', '')}"
     proc = subprocess.run(
-        [*cmd, "profiles/slurm", "-n"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [*cmd, "profiles/slurm", "-n"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": path},
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]

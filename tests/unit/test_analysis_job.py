@@ -187,6 +187,18 @@ def test_too_small_a_cache_for_the_unseen_case_is_a_clear_error(
 # ---------------------------------------------------------------------- jobs
 
 
+def test_the_smallest_job_measures_one_direction_of_each_kind(trained: TrainedRun, tmp_path: Path) -> None:
+    """The fast tier's whole job: one noise and one random direction (the larger jobs below are slow)."""
+    settings = AnalysisConfig(case="seen", noise_samples=1, random_samples=1, directions_per_pass=2)
+    result = run_analysis(trained.run_dir, "epoch-001", tmp_path / "one", settings, log=lambda _: None)
+    stats = result["statistics"]
+    assert (stats["noise_samples"], stats["random_samples"]) == (1, 1)
+    assert stats["normalized_noise_alignment"] > 0 and stats["normalized_random_alignment"] > 0
+    assert [p.name for p in sorted((tmp_path / "one" / "samples").iterdir())][-1] == "random-0000.json"
+    assert json.loads((tmp_path / "one" / "result.json").read_text()) == result
+
+
+@pytest.mark.slow  # two whole analysis jobs (about 10 s of CPU)
 def test_job_writes_samples_manifest_and_result_and_reuses_it(trained: TrainedRun, tmp_path: Path) -> None:
     output = tmp_path / "seen"
     settings = AnalysisConfig(case="seen", **FAST)
@@ -242,6 +254,7 @@ def _rows(output: Path, kind: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((output / "samples").glob(f"{kind}-*.json"))]
 
 
+@pytest.mark.slow  # every batch of an epoch as a direction
 def test_noise_directions_are_batch_gradients_minus_the_epoch_mean(
     trained: TrainedRun, tmp_path: Path
 ) -> None:
@@ -372,6 +385,7 @@ def packed_run(tiny_cache, tiny_recipe_args, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # three whole analysis jobs of a packed run
 def test_packed_runs_measure_each_workers_consensus_error(packed_run: Path, tmp_path: Path) -> None:
     settings = AnalysisConfig(case="seen", noise_samples=2, random_samples=1, directions_per_pass=8)
     result = run_analysis(packed_run, "epoch-001", tmp_path / "pt", settings, log=lambda _: None)

@@ -35,7 +35,10 @@ def test_the_loss_carries_its_forced_kernel_into_the_compiled_graph(compile_flag
     assert torch.isfinite(compile_loss(attention, auto)(torch.randn(1, 2, 8, 16)))
 
 
-@pytest.mark.parametrize("compile_flag", ["false", "true"])
+@pytest.mark.parametrize(
+    "compile_flag",
+    ["false", pytest.param("true", marks=pytest.mark.slow)],  # slow: compiles a packed update
+)
 def test_packed_engine_records_the_attention_kernel_its_update_runs(compile_flag):
     recipe = load_recipe(
         ["packed4-tiny"],

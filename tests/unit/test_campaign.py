@@ -643,6 +643,22 @@ def test_explicit_points_instead_of_a_product():
             campaign.parse_campaign(broken, CLUSTER_SIZES, "results/campaign")
 
 
+@pytest.mark.parametrize(
+    ("name", "runs", "gpu_hours"),
+    [("packed8-awc", 240, 29.720), ("packed4-awc", 135, 16.718), ("packed4-atc", 72, 8.916)],
+)
+def test_the_packed_sweeps_estimate_their_runs_and_gpu_hours(capsys, name, runs, gpu_hours):
+    """config/sweep-packed*.yaml, as plan_campaign's message states them (the dry runs of one of them:
+    tests/workflow/test_workflow_static.py)."""
+    sweep = Path(__file__).resolve().parents[2] / "config" / f"sweep-{name}.yaml"
+    assert run_cli("campaign", "estimate", "--workflow-config", str(sweep)) == 0
+    captured = capsys.readouterr()
+    [stage] = json.loads(captured.out)["stages"]
+    assert (stage["configurations"], stage["seeds"], stage["runs"]) == (runs // 3, 3, runs)
+    assert f"stage1: {runs} ({runs // 3} configurations x 3 seeds)" in captured.err
+    assert f"-> {gpu_hours:.3f} GPU-h" in captured.err
+
+
 def test_the_reference_72_run_sweep_is_a_workflow_config(capsys):
     """config/sweep-20m.yaml: 8 LR x 3 beta2 x seeds 42/43/44 of 20M at 131,072 tokens, micro 128."""
     sweep = Path(__file__).resolve().parents[2] / "config" / "sweep-20m.yaml"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import DEMO_STAGES, REPO, WITHOUT_TORCH, snakemake, snakemake_command
+from workflow_helpers import DEMO_STAGES, REPO, WITHOUT_TORCH, snakemake, snakemake_command, snakemake_env
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,9 @@ def demo_dry_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.Complet
     args = snakemake_command(workdir, None, "-n", "--configfile", str(REPO / "workflow_config.yaml"))
     assert args[1:3] == ["-m", "snakemake"]
     command = [sys.executable, "-c", WITHOUT_TORCH, *args[3:]]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        command, cwd=workdir, capture_output=True, text=True, timeout=240, env=snakemake_env()
+    )
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import snakemake, snakemake_command, tiny_config, write_config
+from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def first_train_step(metrics: Path) -> int | None:
 def interrupt_during_stage2(workdir: Path, config: Path) -> str:
     """Start the campaign and send Ctrl-C (SIGINT to the process group) once a stage-2 run is training."""
     cmd = snakemake_command(workdir, config, "--cores", "2", "campaign")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = snakemake_env()
     with (workdir / "interrupted.log").open("w") as log:
         proc = subprocess.Popen(
             cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from workflow_helpers import snakemake, snakemake_command, tiny_config, write_config
+from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 from tiny_llm.pipeline.controller import CONTROLLER_LOCK
 from tiny_llm.pipeline.layout import CORPUS_DIR
@@ -41,7 +41,7 @@ def start(workdir: Path, *args: str) -> subprocess.Popen:
         stdout=out,
         stderr=err,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=snakemake_env(),
         start_new_session=True,
     )
 

@@ -5,13 +5,12 @@ the cache is complete and every shard verifies afterwards, and a rerun of the re
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import REPO, snakemake, snakemake_command, write_config
+from workflow_helpers import REPO, snakemake, snakemake_command, snakemake_env, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +30,7 @@ def test_two_workflow_directories_prepare_one_shared_cache_at_once(
 ) -> None:
     cache = tmp_path / "shared" / "cache"
     dirs = [tmp_path / "wf-a", tmp_path / "wf-b"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = snakemake_env()
     procs = []
     for workdir in dirs:
         workdir.mkdir()

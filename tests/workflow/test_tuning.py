@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import REPO, snakemake, snakemake_command, tiny_config, write_config
+from workflow_helpers import REPO, snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 from tiny_llm.config import load_recipe
 
@@ -109,7 +109,9 @@ def test_a_tuning_run_before_profile_overrides_is_still_complete(tmp_path: Path)
     config = write_config(tmp_path / "c.yaml", tuning_config())
     target = "results/toy-tuning/selected.yaml"
     earlier = [sys.executable, "-c", EARLIER_SNAKEMAKE, *snakemake_command(tmp_path, config, target)[3:]]
-    proc = subprocess.run(earlier, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        earlier, cwd=tmp_path, capture_output=True, text=True, timeout=400, env=snakemake_env()
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     profile = tmp_path / "results" / "toy-tuning" / "profile.yaml"
     assert "sets" in yaml.safe_load(profile.read_text())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from workflow_helpers import snakemake, snakemake_command, tiny_config, write_config
+from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +115,7 @@ def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> KilledAndRes
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=snakemake_env(),
             start_new_session=True,
         )
         try:
@@ -213,7 +214,9 @@ def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resum
     cmd = snakemake_command(state.workdir, state.config, "runs", "--cores", "2", "--forcerun", "plot_curves")
     cmd.remove("host")
     cmd.remove("--quiet")
-    proc = subprocess.run(cmd, cwd=state.workdir, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        cmd, cwd=state.workdir, capture_output=True, text=True, timeout=300, env=snakemake_env()
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     # Snakemake's own lines name the working directory, whose length is the test's, not the workflow's
@@ -235,6 +238,7 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=snakemake_env(),
             start_new_session=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )

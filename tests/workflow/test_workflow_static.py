@@ -243,9 +243,14 @@ def test_the_reference_wsd_horizon_study_dry_runs_to_3_trunks_and_15_branches(tm
     assert len(runs) == 15 and all(re.fullmatch(r"results/horizons/seed4[234]/h[0-9]+", run) for run in runs)
 
 
+# Each sweep's estimate is also checked in-process (tests/unit/test_campaign.py); one dry run is fast tier.
 @pytest.mark.parametrize(
     ("name", "runs", "gpu_hours"),
-    [("packed8-awc", 240, 29.720), ("packed4-awc", 135, 16.718), ("packed4-atc", 72, 8.916)],
+    [
+        pytest.param("packed8-awc", 240, 29.720, marks=pytest.mark.slow),
+        pytest.param("packed4-awc", 135, 16.718, marks=pytest.mark.slow),
+        ("packed4-atc", 72, 8.916),
+    ],
 )
 def test_packed_sweeps_dry_run_to_their_jobs_and_estimate_gpu_hours(
     tmp_path: Path, name: str, runs: int, gpu_hours: float

@@ -21,6 +21,16 @@ DEMO_STAGES = ("export", "campaign", "analysis", "tuning", "packed", "runs")
 """The shipped config's stage targets; the jobs a stage's test counts are the same in their joint DAG."""
 
 
+NO_SLURM_CONTROLLER = REPO / "tests" / "no-slurm-controller"
+"""A `scontrol` that answers "no controller" at once (see the script): these tests run no Slurm job."""
+
+
+def snakemake_env() -> dict[str, str]:
+    """A Snakemake process's environment in these tests: unbuffered, no wait for a Slurm controller."""
+    path = f"{NO_SLURM_CONTROLLER}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": path}
+
+
 def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> list[str]:
     """A snakemake call on the repository's Snakefile with ``workdir`` as working directory."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
@@ -33,14 +43,13 @@ def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> lis
 def snakemake(
     workdir: Path, configfile: Path | None, *args: str, timeout: float = 240
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         snakemake_command(workdir, configfile, *args),
         cwd=workdir,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=snakemake_env(),
         stdin=subprocess.DEVNULL,
     )
 
