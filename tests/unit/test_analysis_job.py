@@ -25,6 +25,7 @@ from tiny_llm.analysis.names import (
 )
 from tiny_llm.analysis.settings import AnalysisConfig
 from tiny_llm.budget import make_budget
+from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
 from tiny_llm.data.cache import open_cache
 from tiny_llm.engines import build_engine
@@ -324,20 +325,15 @@ def test_resume_after_a_kill_mid_samples_equals_an_uninterrupted_job(
     assert json.loads(resumed.stdout) == json.loads(result_line(done))
 
 
-def test_cli_errors_are_one_line(trained: TrainedRun, tmp_path: Path) -> None:
-    base = [sys.executable, "-m", "tiny_llm", "analyze", "--run", str(trained.run_dir), "--case", "seen"]
-    missing = subprocess.run(
-        [*base, "--checkpoint", "epoch-009", "--output", str(tmp_path / "x")], capture_output=True, text=True
-    )
-    assert missing.returncode == 2
-    assert missing.stderr.count("\n") == 1 and missing.stderr.startswith("error: run ")
-    assert "no checkpoint 'epoch-009'" in missing.stderr and "it has: epoch-001, epoch-002" in missing.stderr
-    bad = subprocess.run(
-        [*base, "--checkpoint", "final", "--output", str(tmp_path / "y"), "--amp", "--dtype", "float64"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2 and bad.stderr == "error: --amp: BF16 autocast needs --dtype float32\n"
+def test_cli_errors_are_one_line(trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = ["analyze", "--run", str(trained.run_dir), "--case", "seen"]
+    assert main([*base, "--checkpoint", "epoch-009", "--output", str(tmp_path / "x")]) == 2
+    missing = capsys.readouterr().err
+    assert missing.count("\n") == 1 and missing.startswith("error: run ")
+    assert "no checkpoint 'epoch-009'" in missing and "it has: epoch-001, epoch-002" in missing
+    bad = [*base, "--checkpoint", "final", "--output", str(tmp_path / "y"), "--amp", "--dtype", "float64"]
+    assert main(bad) == 2
+    assert capsys.readouterr().err == "error: --amp: BF16 autocast needs --dtype float32\n"
 
 
 # ---------------------------------------------------------------------- fast path vs reference path

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tiny_llm.analysis.summary import COLUMNS, FIGURES, write_summary
+from tiny_llm.cli import main
 from tiny_llm.errors import DataError
 
 
@@ -87,30 +86,20 @@ def test_summary_has_one_row_per_checkpoint_and_case_and_draws_every_figure(tmp_
     assert again["identity"] == manifest["identity"]
 
 
-def test_a_plain_run_without_metrics_and_the_command(tmp_path: Path) -> None:
+def test_a_plain_run_without_metrics_and_the_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     jobs = [fake_result(tmp_path, "run", "final", 100, case) for case in ("seen", "unseen")]
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tiny_llm",
-            "analysis-summary",
-            "--inputs",
-            *map(str, jobs),
-            "--output-dir",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["rows"] == 2
+    code = main(["analysis-summary", "--inputs", *map(str, jobs), "--output-dir", str(out)])
+    done = capsys.readouterr()
+    assert code == 0, done.err
+    assert json.loads(done.out)["rows"] == 2
     assert "consensus_workers" in (out / "summary.csv").read_text().splitlines()[0]
     assert all((out / name).is_file() for name in FIGURES)
 
 
-def test_unfinished_or_duplicate_inputs_are_clear_errors(tmp_path: Path) -> None:
+def test_unfinished_or_duplicate_inputs_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     job = fake_result(tmp_path, "run", "final", 100, "seen")
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
@@ -120,18 +109,6 @@ def test_unfinished_or_duplicate_inputs_are_clear_errors(tmp_path: Path) -> None
         write_summary([job, unfinished], tmp_path / "out")
     with pytest.raises(DataError, match="both analyse run/final/seen"):
         write_summary([job, job / "result.json"], tmp_path / "out")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tiny_llm",
-            "analysis-summary",
-            "--inputs",
-            str(unfinished),
-            "--output-dir",
-            "x",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
+    code = main(["analysis-summary", "--inputs", str(unfinished), "--output-dir", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1

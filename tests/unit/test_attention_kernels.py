@@ -23,7 +23,10 @@ def attention(q: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, q, q, is_causal=True).sum()
 
 
-@pytest.mark.parametrize("compile_flag", ["false", "true"])
+@pytest.mark.parametrize(
+    "compile_flag",
+    ["false", pytest.param("true", marks=pytest.mark.slow)],  # slow: an inductor compile
+)
 def test_the_loss_carries_its_forced_kernel_into_the_compiled_graph(compile_flag):
     # 'efficient' is GPU-only: forced on the CPU it must fail, wherever the loss is called from. Called
     # outside any kernel restriction, only a restriction inside the (compiled) function can make it fail;
@@ -63,6 +66,7 @@ def test_packed_engine_records_the_attention_kernel_its_update_runs(compile_flag
         assert set(executed) <= set(recorded)
 
 
+@pytest.mark.slow  # a fresh process that starts torch's profiler
 def test_the_kernel_probe_prints_nothing_of_its_own() -> None:
     """The probe runs in every training job: nothing it prints may reach the job's console or log."""
     code = (

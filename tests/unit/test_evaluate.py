@@ -32,6 +32,9 @@ def recipe_with(cache: Path, recipe_args: Callable[[Path], list[str]], *sets: st
     return load_recipe(["tiny"], [*recipe_args(cache), "runtime.cpu_threads=1", *sets])
 
 
+# slow: a first compile of the evaluation builds about 34 C++ kernels (some 40 s of CPU with an empty
+# inductor cache); the compiled path's bookkeeping is fast-tier (test_evaluation_compiles_once_per_model...)
+@pytest.mark.slow
 @pytest.mark.parametrize("full", [False, True], ids=["subset", "full"])
 def test_compiled_evaluation_gives_the_eager_losses(
     tiny_cache: Path,
@@ -52,6 +55,7 @@ def test_compiled_evaluation_gives_the_eager_losses(
     assert compiled["tokens_per_second"] > 0
 
 
+@pytest.mark.slow  # compiles the evaluation under autocast: about 20 s with an empty inductor cache
 def test_compiled_evaluation_under_bf16_autocast(
     tiny_cache: Path, tiny_recipe_args: Callable[[Path], list[str]], weights: Path
 ) -> None:

@@ -2,52 +2,61 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import fcntl
+import io
 import os
 import pty
 import struct
-import subprocess
-import sys
 import termios
+import threading
 from pathlib import Path
 
 import pytest
 from train_helpers import cli_sets
 
+from tiny_llm.cli import main
 from tiny_llm.progress import PROGRESS_ENV, counted, on_terminal, progress_bar
 
 
-def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != PROGRESS_ENV}
-    return {**env, **extra}
-
-
-def on_a_terminal(argv: list[str]) -> tuple[int, str]:
-    """Run ``argv`` with stdout and stderr on a pseudo-terminal; (exit code, everything it drew)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40 rows, 160 columns
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=environment())
-    os.close(slave)
-    chunks = []
+def drain(master: int, chunks: list[bytes]) -> None:
+    """Read the terminal until every writer has closed it (EIO)."""
     while True:
         try:
             data = os.read(master, 65536)
-        except OSError as exc:  # EIO: the child closed the terminal
+        except OSError as exc:
             if exc.errno != errno.EIO:
                 raise
-            break
+            return
         if not data:
-            break
+            return
         chunks.append(data)
-    os.close(master)
-    return proc.wait(), b"".join(chunks).decode(errors="replace")
+
+
+def on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """The command line ``argv`` run in this process with stdout and stderr on a pseudo-terminal (what the
+    commands look at is `sys.stderr` and `sys.stdout`); (exit code, everything it drew)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40 rows, 160 columns
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=drain, args=(master, chunks))
+    reader.start()
+    try:
+        with open(slave, "w", encoding="utf-8") as tty, pytest.MonkeyPatch.context() as patch:
+            patch.delenv(PROGRESS_ENV, raising=False)
+            with contextlib.redirect_stdout(tty), contextlib.redirect_stderr(tty):
+                code = main(argv)
+    finally:
+        reader.join()  # the slave is closed: the reader stops once it has read everything
+        os.close(master)
+    return code, b"".join(chunks).decode(errors="replace")
 
 
 def test_train_draws_a_bar_on_a_terminal_and_keeps_lines_in_run_log(tiny_cache, tiny_recipe_args, tmp_path):
     run_dir = tmp_path / "tty"
-    argv = [sys.executable, "-m", "tiny_llm", "train", *cli_sets(tiny_cache, tiny_recipe_args, run_dir)]
-    code, drawn = on_a_terminal(argv)
+    code, drawn = on_a_terminal(["train", *cli_sets(tiny_cache, tiny_recipe_args, run_dir)])
     assert code == 0, drawn
     assert "train:" in drawn and "tokens [" in drawn and "tok/s ETA" in drawn and "step 28/28" in drawn
     assert "\r" in drawn  # redrawn in place
@@ -56,21 +65,32 @@ def test_train_draws_a_bar_on_a_terminal_and_keeps_lines_in_run_log(tiny_cache, 
     assert "epoch 1/3 step 2/28" in (run_dir / "run.log").read_text()
 
 
+@dataclasses.dataclass
+class ToAFile:
+    run_dir: Path
+    code: int
+    stdout: str
+    stderr: str
+
+
 @pytest.fixture(scope="module")
-def trained_to_a_file(
-    tiny_cache, tiny_recipe_args, tmp_path_factory
-) -> tuple[Path, subprocess.CompletedProcess]:
-    """`train` with its output going to pipes: (run directory, process); the evaluation test reads the run."""
+def trained_to_a_file(tiny_cache, tiny_recipe_args, tmp_path_factory) -> ToAFile:
+    """`train` with its output going to files (in this process: neither stream is a terminal); the
+    evaluation test reads the run."""
     run_dir = tmp_path_factory.mktemp("progress") / "file"
-    argv = [sys.executable, "-m", "tiny_llm", "train", *cli_sets(tiny_cache, tiny_recipe_args, run_dir)]
-    return run_dir, subprocess.run(argv, capture_output=True, text=True, env=environment(), check=False)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(PROGRESS_ENV, raising=False)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["train", *cli_sets(tiny_cache, tiny_recipe_args, run_dir)])
+    return ToAFile(run_dir, code, out.getvalue(), err.getvalue())
 
 
-def test_train_writes_lines_when_output_is_a_file(trained_to_a_file):
-    _, proc = trained_to_a_file
-    assert proc.returncode == 0, proc.stderr
-    assert "epoch 1/3 step 2/28" in proc.stdout and "tok/s" in proc.stdout
-    assert "\r" not in proc.stdout + proc.stderr and "tokens [" not in proc.stderr
+def test_train_writes_lines_when_output_is_a_file(trained_to_a_file: ToAFile) -> None:
+    run = trained_to_a_file
+    assert run.code == 0, run.stderr
+    assert "epoch 1/3 step 2/28" in run.stdout and "tok/s" in run.stdout
+    assert "\r" not in run.stdout + run.stderr and "tokens [" not in run.stderr
 
 
 def test_helpers_change_nothing_off_a_terminal(monkeypatch):
@@ -83,11 +103,11 @@ def test_helpers_change_nothing_off_a_terminal(monkeypatch):
     assert type(bar).__name__ == "_NoBar"
 
 
-def test_evaluate_full_draws_a_bar_on_a_terminal(trained_to_a_file):
-    run_dir, proc = trained_to_a_file
-    assert proc.returncode == 0, proc.stderr
+def test_evaluate_full_draws_a_bar_on_a_terminal(trained_to_a_file: ToAFile) -> None:
+    run_dir = trained_to_a_file.run_dir
+    assert trained_to_a_file.code == 0, trained_to_a_file.stderr
     config = ["--config", str(Path(run_dir) / "resolved.yaml")]
-    argv = [sys.executable, "-m", "tiny_llm", "evaluate", *config, "--checkpoint", str(run_dir / "final.pt")]
-    code, drawn = on_a_terminal([*argv, "--full"])
+    argv = ["evaluate", *config, "--checkpoint", str(run_dir / "final.pt"), "--full"]
+    code, drawn = on_a_terminal(argv)
     assert code == 0, drawn
     assert "validation:" in drawn and "batch" in drawn and '"split": "full"' in drawn

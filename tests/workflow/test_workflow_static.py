@@ -21,6 +21,7 @@ def provided_resources(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("Provided resources")]
 
 
+@pytest.mark.slow  # also a static check of .ci/run
 def test_lint_is_clean(tmp_path: Path) -> None:
     proc = snakemake(tmp_path, REPO / "workflow_config.yaml", "--lint")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -61,6 +62,7 @@ def test_cluster_config_streams_c4_without_building_a_corpus(
     assert recipe["data"]["dataset_revision"] == "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 
 
+@pytest.mark.slow  # two real runs (the default of one GPU job at a time: the test above, fast tier)
 def test_only_a_gpu_configuration_announces_gpus(tmp_path: Path) -> None:
     """The CPU demo mentions no GPU at all; `--resources gpu=N` sets how many GPU jobs a local run runs at
     once (one without it: test_cluster_config_streams_c4_without_building_a_corpus)."""
@@ -154,6 +156,7 @@ def test_export_stage_dry_runs_one_job_per_run_and_campaign_size(
     assert "--best-of results/campaign/stage3/ranking.json" in proc.stdout
 
 
+@pytest.mark.slow  # in-process: test_campaign.py::test_the_reference_72_run_sweep_is_a_workflow_config
 def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path) -> None:
     """config/sweep-20m.yaml: 8 LR x 3 beta2 x 3 seeds; the plan job's message gives the GPU-hour estimate."""
     proc = snakemake(tmp_path, REPO / "config" / "sweep-20m.yaml", "-n", "campaign")
