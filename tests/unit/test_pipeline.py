@@ -273,6 +273,47 @@ def test_an_earlier_profile_file_saying_the_same_is_kept_as_written(tmp_path: Pa
     assert plan_of(config, check_files=True).files.content(path) == fresh
 
 
+def without_cuda_graph(recipe: dict) -> dict:
+    """A recipe.yaml as the workflow wrote it before `runtime.cuda_graph` existed."""
+    earlier = copy.deepcopy(recipe)
+    del earlier["runtime"]["cuda_graph"]
+    return earlier
+
+
+def test_every_recipe_file_written_before_a_key_existed_is_kept_as_written(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A recipe file is write_plan_file's param: one written before a key existed (runtime.cuda_graph) reads,
+    with that key's default, as the same recipe, so the file and every job after it stay as they are."""
+    monkeypatch.chdir(tmp_path)
+    config = shipped("workflow_config.yaml")
+    fresh = plan_of(config, check_files=True).files
+    recipes = [path for path in fresh._content if "runtime" in fresh.content(path)]
+    assert PREPARE_RECIPE in recipes and len(recipes) >= 10  # runs, cache, packed, benchmarks, horizons
+    for path in recipes:
+        write_plan_file(path, without_cuda_graph(fresh.content(path)))
+    kept = plan_of(config, check_files=True).files
+    for path in recipes:
+        assert repr(kept.content(path)) == repr(without_cuda_graph(fresh.content(path))), path
+    assert plan_of(config).files.content(PREPARE_RECIPE) == fresh.content(PREPARE_RECIPE)  # nothing read
+
+
+def test_a_recipe_file_that_says_something_else_is_planned_anew(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = "results/runs/a/recipe.yaml"
+    fresh = plan_of(tiny(), check_files=True).files.content(path)
+    write_plan_file(path, without_cuda_graph(fresh))
+    changed = tiny(runs={"a": {"size": "tiny", "overrides": {"optimizer": {"lr": 0.002}}}})
+    assert plan_of(changed, check_files=True).files.content(path)["optimizer"]["lr"] == 0.002
+    for damaged in ("{not: [yaml", "model: 3\n", "- a list\n"):
+        Path(path).write_text(damaged, encoding="utf-8")
+        assert plan_of(tiny(), check_files=True).files.content(path) == fresh, damaged
+    unknown = without_cuda_graph(fresh)
+    unknown["runtime"]["no_such_key"] = 1
+    write_plan_file(path, unknown)
+    assert plan_of(tiny(), check_files=True).files.content(path) == fresh
+
+
 def campaign_tuned_at(batch_tokens: int | None, profile: str = "p") -> dict:
     overrides = {} if batch_tokens is None else {"training": {"batch_tokens": batch_tokens}}
     return tiny(

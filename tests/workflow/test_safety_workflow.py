@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import snakemake, tiny_config, write_config
+from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
+
+PREPARE = "results/data/prepare.yaml"
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +61,37 @@ def test_an_edited_run_retrains_in_one_call_and_only_that_run(tmp_path: Path) ->
     assert "tiny-a.replaced-1" not in json.dumps(report)
     again = snakemake(tmp_path, configfile, "--cores", "1", "-n", "runs")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+# Snakemake's command line in a controller that writes recipe files as before runtime.cuda_graph existed.
+BEFORE_CUDA_GRAPH = """
+import runpy, sys
+import tiny_llm.config as config
+now = config.recipe_to_dict
+def earlier(recipe):
+    data = now(recipe)
+    del data["runtime"]["cuda_graph"]
+    return data
+config.recipe_to_dict = earlier
+sys.argv = ["snakemake", *sys.argv[1:]]
+runpy.run_module("snakemake", run_name="__main__")
+"""
+
+
+def test_a_tree_from_before_a_new_recipe_key_is_still_complete(tmp_path: Path) -> None:
+    """Recipe files are plan-file params: a tree whose files lack a key added since (at its default) must not
+    rewrite them, nor prepare, train or evaluate again."""
+    configfile = write_config(tmp_path / "tiny.yaml", tiny_config())
+    args = snakemake_command(tmp_path, configfile, "--cores", "2", "runs")[3:]
+    earlier = [sys.executable, "-c", BEFORE_CUDA_GRAPH, *args]
+    proc = subprocess.run(
+        earlier, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=snakemake_env()
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recipe = tmp_path / "results/runs/tiny-a/recipe.yaml"
+    assert "cuda_graph" not in recipe.read_text() and "cuda_graph" not in (tmp_path / PREPARE).read_text()
+    again = snakemake(tmp_path, configfile, "--cores", "2", "-n", "runs")
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
 
 HOSTILE = "my data 'q\" $(touch PWNED)"

@@ -74,7 +74,7 @@ class WorkflowPlan:
         self.numerics_version = numerics_version
         self.local_cores = local_cores
         self.book = RecipeBook(config)
-        self.files = PlanFiles()
+        self.files = PlanFiles(check_files)
         self.book.check_one_cache()
         self.analysis = AnalysisPlan(config["analysis"])
         self._check_analysed_runs()
@@ -83,7 +83,7 @@ class WorkflowPlan:
         self.runs = RunsPlan(
             self.book, self.files, dict.fromkeys(self.analysis.references("runs"), keep_epochs)
         )
-        self.tuning = TuningPlan(self.book, config["tuning"], self.files, check_files)
+        self.tuning = TuningPlan(self.book, config["tuning"], self.files)
         self.campaign = CampaignPlan(self.book, numerics_version, self.files, check_files)
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)

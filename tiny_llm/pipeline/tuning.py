@@ -8,9 +8,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import canonical_json
 from tiny_llm.pipeline.data import cache_manifest
-from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.files import NormalForm, PlanFiles
 from tiny_llm.pipeline.layout import (
     TUNING_CANDIDATE,
     TUNING_DIR,
@@ -30,9 +29,7 @@ WORKFLOW_KEYS = ("size", "overrides")
 class TuningPlan:
     enabled = True
 
-    def __init__(
-        self, book: RecipeBook, section: dict[str, Any], files: PlanFiles, check_files: bool = True
-    ) -> None:
+    def __init__(self, book: RecipeBook, section: dict[str, Any], files: PlanFiles) -> None:
         self.profiles: dict[str, dict[str, Any]] = section["profiles"]
         self.default_profiles: list[str] = list(section["default_profiles"])
         self.book = book
@@ -46,7 +43,7 @@ class TuningPlan:
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
             path = self.profile_file(name)
-            files.add(path, _earlier_form_of(name, path, mapping) if check_files else mapping)
+            files.add(path, mapping, earlier_form_read_as(name))
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:
@@ -127,21 +124,14 @@ class TuningPlan:
         return []  # a candidate measures a few updates; the cache holds far more for any training run
 
 
-def _earlier_form_of(name: str, path: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    """The existing profile file if it has the earlier form (`sets` strings) and says exactly what ``mapping``
-    says, else ``mapping``. The file's content is write_plan_file's param: a tree written before `overrides`
-    keeps its file, so its tuning and everything after it stay complete."""
-    try:
-        existing = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return mapping
-    if not isinstance(existing, dict) or "sets" not in existing:
-        return mapping
-    try:
-        same = canonical_json(merge_sets(name, existing)) == canonical_json(mapping)
-    except (ConfigError, TypeError, ValueError):  # not a profile, or not JSON data: write the new form
-        return mapping
-    return existing if same else mapping
+def earlier_form_read_as(name: str) -> NormalForm:
+    """A profile file as the tuner reads it: the earlier form's `sets` strings merged into overrides, so a
+    tree written before `overrides` keeps its file (its tuning and everything after it stay complete)."""
+
+    def read(profile: dict[str, Any]) -> dict[str, Any]:
+        return merge_sets(name, profile) if "sets" in profile else profile
+
+    return read
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:
