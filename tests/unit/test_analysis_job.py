@@ -16,20 +16,21 @@ from train_helpers import small_recipe
 from tiny_llm.analysis.checkpoints import load_saved_weights
 from tiny_llm.analysis.data import load_epoch
 from tiny_llm.analysis.hessian import FlatParameters, gradient, model_loss
-from tiny_llm.analysis.job import result_line, run_analysis
+from tiny_llm.analysis.job import AnalysisJob, result_line, run_analysis
 from tiny_llm.analysis.names import (
     cache_tokens_needed,
     epoch_checkpoint,
     missing_checkpoints,
     saved_checkpoints,
 )
-from tiny_llm.analysis.settings import AnalysisConfig
+from tiny_llm.analysis.settings import VERSION, AnalysisConfig
 from tiny_llm.budget import make_budget
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
 from tiny_llm.data.cache import open_cache
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import DataError, RunStateError
+from tiny_llm.io import atomic_write_json
 from tiny_llm.model import Llama
 from tiny_llm.train import checkpoint, loop
 
@@ -197,6 +198,29 @@ def test_the_smallest_job_measures_one_direction_of_each_kind(trained: TrainedRu
     assert stats["normalized_noise_alignment"] > 0 and stats["normalized_random_alignment"] > 0
     assert [p.name for p in sorted((tmp_path / "one" / "samples").iterdir())][-1] == "random-0000.json"
     assert json.loads((tmp_path / "one" / "result.json").read_text()) == result
+
+
+def test_a_directory_measured_by_an_earlier_version_starts_over(trained: TrainedRun, tmp_path: Path) -> None:
+    """A workflow's analysis directory from before version 2 (no matmul precision, no tf32 setting): the same
+    job starts over instead of refusing the directory the workflow gives it; another job's is refused."""
+    output = tmp_path / "earlier"
+    settings = AnalysisConfig(case="seen", noise_samples=1, random_samples=1)
+    lines: list[str] = []
+    job = AnalysisJob(trained.run_dir, "epoch-001", output, settings, lines.append)
+    earlier = {k: v for k, v in job.identity.items() if k not in ("matmul_precision", "identity")}
+    earlier |= {"version": VERSION - 1, "identity": "earlier"}
+    earlier["settings"] = {k: v for k, v in earlier["settings"].items() if k != "tf32"}
+    (output / "samples").mkdir(parents=True)
+    (output / "samples" / "noise-0003.json").write_text("{}")
+    atomic_write_json(output / "manifest.json", {"identity_payload": earlier})
+    assert job.check_output() is None
+    version = f"version {VERSION - 1} -> {VERSION}"
+    assert lines == [f"{output}: measured by an earlier version of the analysis ({version}); starting over"]
+    assert list((output / "samples").iterdir()) == []
+    earlier["settings"]["random_samples"] = 7  # another job's directory, whatever its version
+    atomic_write_json(output / "manifest.json", {"identity_payload": earlier})
+    with pytest.raises(RunStateError, match=r"holds another analysis \(.*settings\.random_samples: 7 -> 1;"):
+        job.check_output()
 
 
 @pytest.mark.slow  # two whole analysis jobs (about 10 s of CPU)
