@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,6 +272,32 @@ def test_an_earlier_profile_file_saying_the_same_is_kept_as_written(tmp_path: Pa
     assert plan_of(config, check_files=True).files.content(path) == fresh
     write_plan_file(path, fresh)
     assert plan_of(config, check_files=True).files.content(path) == fresh
+
+
+def test_the_dag_follows_the_schedule_a_tuning_runs_with(tmp_path: Path, monkeypatch) -> None:
+    """plan.json (plan_tuning's output) is what the candidate jobs read: while it holds the planned slots and
+    will not be planned again, its order is the DAG's, so a tree tuned by an earlier version (which ordered
+    the same candidates otherwise) stays complete."""
+    monkeypatch.chdir(tmp_path)
+    config = tiny(tuning={"profiles": {"p": TUNED}})
+    plan = plan_of(config, check_files=True)
+    planned = plan.tuning.slots["p"]
+    profile = plan.tuning.profile_file("p")
+    write_plan_file(profile, plan.files.content(profile))
+    schedule = Path("results/p-tuning/plan.json")
+    earlier = [planned[1], planned[0], *planned[2:]]
+    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier]})
+    assert plan_of(config, check_files=True).tuning.slots["p"] == earlier
+    assert plan_of(config).tuning.slots["p"] == planned  # without check_files nothing is read
+    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier[1:]]})  # other slots
+    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
+    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier]})
+    changed = tiny(tuning={"profiles": {"p": {**TUNED, "budget_minutes": 9}}})  # plan_tuning runs again
+    assert plan_of(changed, check_files=True).tuning.slots["p"] == plan_of(changed).tuning.slots["p"]
+    os.utime(schedule, (1, 1))  # older than the profile: plan_tuning runs again
+    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
+    schedule.write_text("{not json", encoding="utf-8")
+    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
 
 
 def without_cuda_graph(recipe: dict) -> dict:

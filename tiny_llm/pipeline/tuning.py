@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from tiny_llm.errors import ConfigError
+from tiny_llm.errors import ConfigError, TinyLLMError
+from tiny_llm.io import read_json
 from tiny_llm.pipeline.data import cache_manifest
 from tiny_llm.pipeline.files import NormalForm, PlanFiles
 from tiny_llm.pipeline.layout import (
@@ -39,11 +40,14 @@ class TuningPlan:
         for name in self.profiles:
             mapping = self.profile_mapping(name)
             try:
-                self.slots[name] = slot_names(profile_from_dict(name, mapping))
+                slots = slot_names(profile_from_dict(name, mapping))
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
             path = self.profile_file(name)
             files.add(path, mapping, earlier_form_read_as(name))
+            if files.check_files:
+                slots = scheduled_order(fill(TUNING_PLAN, profile=name), path, files.content(path), slots)
+            self.slots[name] = slots
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:
@@ -132,6 +136,22 @@ def earlier_form_read_as(name: str) -> NormalForm:
         return merge_sets(name, profile) if "sets" in profile else profile
 
     return read
+
+
+def scheduled_order(schedule: str, profile_file: str, profile: dict[str, Any], slots: list[str]) -> list[str]:
+    """The slot order of the schedule on disk (plan.json) while it is the one the tuning runs with: it holds
+    the same slots, and plan_tuning will not run again (the profile file stays as planned and is not newer).
+    The candidate jobs read that schedule; a tree tuned by an earlier version, which ordered the same
+    candidates otherwise, stays complete. Else ``slots``, the order the tuner plans now."""
+    try:
+        if yaml.safe_load(Path(profile_file).read_text(encoding="utf-8")) != profile:
+            return slots
+        if Path(schedule).stat().st_mtime < Path(profile_file).stat().st_mtime:
+            return slots
+        names = [slot["name"] for slot in read_json(schedule)["slots"]]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, TinyLLMError):
+        return slots
+    return names if sorted(names) == sorted(slots) else slots
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:
