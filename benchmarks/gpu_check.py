@@ -158,6 +158,24 @@ class Setup:
             return sets("training.batch_tokens=32768", "training.micro_batch_size=32")
         return sets("model.context_length=64", "training.batch_tokens=256", "training.micro_batch_size=4")
 
+    def synthetic_worker(
+        self, size: str, output: Path, compile_: bool, extra: list[str], protocol: list[str] | None = None
+    ) -> list[str]:
+        """benchmark-worker on synthetic data at the worker shape, ``extra`` --set pairs on top."""
+        return self.tiny_llm(
+            "benchmark-worker",
+            "--config",
+            size,
+            *self.worker_shape_sets(),
+            *self.runtime_sets(compile_=compile_),
+            *extra,
+            "--data-mode",
+            "synthetic",
+            *(protocol if protocol is not None else self.worker_protocol()),
+            "--output",
+            str(output),
+        )
+
     def train_recipe(self, output_dir: Path, compile_: bool, extra: list[str]) -> list[str]:
         """`tiny` shape on the check's cache; GPU: bf16 autocast, fused AdamW."""
         return [
@@ -270,18 +288,7 @@ def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
 def bench(s: Setup, size: str) -> Step:
     """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
     output = s.work / f"bench-{size}.worker.json"
-    argv = s.tiny_llm(
-        "benchmark-worker",
-        "--config",
-        size,
-        *s.worker_shape_sets(),
-        *s.runtime_sets(compile_=True),
-        "--data-mode",
-        "synthetic",
-        *s.worker_protocol(),
-        "--output",
-        str(output),
-    )
+    argv = s.synthetic_worker(size, output, compile_=True, extra=[])
     return Step(
         f"bench-{size}",
         f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
@@ -342,19 +349,7 @@ def cuda_graph(s: Setup) -> Step:
     graph): tokens/s with the graph against bench-20m's without it. The CPU smoke checks its one-line
     refusal."""
     output = s.work / "cuda-graph-20m.worker.json"
-    argv = s.tiny_llm(
-        "benchmark-worker",
-        "--config",
-        "20m",
-        *s.worker_shape_sets(),
-        *s.runtime_sets(compile_=True),
-        *sets("runtime.cuda_graph=true"),
-        "--data-mode",
-        "synthetic",
-        *s.worker_protocol(),
-        "--output",
-        str(output),
-    )
+    argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
     command = Command("cuda-graph-20m", argv, s.on(200, 120), expect_rc=s.on((0,), (2,)))
     return Step(
         "cuda-graph-20m",
@@ -694,19 +689,7 @@ def kernel(s: Setup, backend: str, compiled: bool) -> Step:
     name = f"kernel-{backend}" + ("-compiled" if compiled else "")
     output = s.work / f"{name}.worker.json"
     protocol = ["--warmup", "2", "--steps", "5", "--windows", "1"] if s.gpu else s.worker_protocol()
-    argv = s.tiny_llm(
-        "benchmark-worker",
-        "--config",
-        "20m",
-        *s.worker_shape_sets(),
-        *s.runtime_sets(compile_=compiled),
-        *sets(f"runtime.sdpa_backend={backend}"),
-        "--data-mode",
-        "synthetic",
-        *protocol,
-        "--output",
-        str(output),
-    )
+    argv = s.synthetic_worker("20m", output, compiled, sets(f"runtime.sdpa_backend={backend}"), protocol)
     mode = "compiled" if compiled else "eager"
     return Step(
         name,
