@@ -41,15 +41,24 @@ class PlanFiles:
         """``check_files``: look at the files already on disk (the Snakefile's plan, in its working
         directory); off, the content is always the planned one (commands that only read a plan)."""
         self._content: dict[str, dict[str, Any]] = {}
+        self._on_disk: set[str] = set()
         self.check_files = check_files
 
     def add(self, path: str, content: Mapping[str, Any], normal_form: NormalForm | None = None) -> str:
         """Plan ``path`` with ``content``; with ``normal_form``, an existing file saying the same is kept."""
         planned = dict(content)
         if normal_form is not None and self.check_files:
-            planned = _existing_if_same(path, planned, normal_form)
+            existing = _existing_if_same(path, planned, normal_form)
+            if existing is not None:
+                planned = existing
+                self._on_disk.add(path)
         self._content[path] = planned
         return path
+
+    def on_disk(self, path: str) -> bool:
+        """Whether the file on disk already holds the planned content (write_plan_file will not run);
+        known for the files added with a normal form, while files are checked."""
+        return path in self._on_disk
 
     def add_recipe(self, path: str, content: Mapping[str, Any]) -> str:
         return self.add(path, content, recipe_normal_form)
@@ -83,18 +92,20 @@ def write_plan_file(path: str | Path, content: Mapping[str, Any], log: str | Pat
         Path(log).write_text(f"wrote {path} (content {content_digest(content)})\n", encoding="utf-8")
 
 
-def _existing_if_same(path: str, content: dict[str, Any], normal_form: NormalForm) -> dict[str, Any]:
-    """The file at ``path`` if it reads as ``content`` does, else ``content`` (also when it is missing,
-    damaged or not a valid file of its kind: then the planned content is written)."""
+def _existing_if_same(path: str, content: dict[str, Any], normal_form: NormalForm) -> dict[str, Any] | None:
+    """The file at ``path`` if it reads as ``content`` does, else None (also when it is missing, damaged or
+    not a valid file of its kind: then the planned content is written)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
         existing = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError):
-        return content
-    if not isinstance(existing, dict) or existing == content:
-        return content
+        return None
+    if not isinstance(existing, dict):
+        return None
+    if existing == content:
+        return existing
     try:
         same = canonical_json(normal_form(existing)) == canonical_json(normal_form(content))
     except (TinyLLMError, TypeError, ValueError, KeyError):
-        return content
-    return existing if same else content
+        return None
+    return existing if same else None

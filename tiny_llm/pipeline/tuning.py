@@ -45,8 +45,8 @@ class TuningPlan:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
             path = self.profile_file(name)
             files.add(path, mapping, earlier_form_read_as(name))
-            if files.check_files:
-                slots = scheduled_order(fill(TUNING_PLAN, profile=name), path, files.content(path), slots)
+            if files.on_disk(path):
+                slots = scheduled_order(fill(TUNING_PLAN, profile=name), path, slots)
             self.slots[name] = slots
 
     def check_profile(self, name: str, where: str) -> None:
@@ -138,18 +138,17 @@ def earlier_form_read_as(name: str) -> NormalForm:
     return read
 
 
-def scheduled_order(schedule: str, profile_file: str, profile: dict[str, Any], slots: list[str]) -> list[str]:
+def scheduled_order(schedule: str, profile_file: str, slots: list[str]) -> list[str]:
     """The slot order of the schedule on disk (plan.json) while it is the one the tuning runs with: it holds
-    the same slots, and plan_tuning will not run again (the profile file stays as planned and is not newer).
-    The candidate jobs read that schedule; a tree tuned by an earlier version, which ordered the same
-    candidates otherwise, stays complete. Else ``slots``, the order the tuner plans now."""
+    the same slots, and plan_tuning will not run again (the caller checked that the profile file stays as
+    planned; it is not newer either). The candidate jobs read that schedule; a tree tuned by an earlier
+    version, which ordered the same candidates otherwise, stays complete. Else ``slots``, the order the tuner
+    plans now."""
     try:
-        if yaml.safe_load(Path(profile_file).read_text(encoding="utf-8")) != profile:
-            return slots
         if Path(schedule).stat().st_mtime < Path(profile_file).stat().st_mtime:
             return slots
         names = [slot["name"] for slot in read_json(schedule)["slots"]]
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError, TinyLLMError):
+    except (OSError, KeyError, TypeError, TinyLLMError):
         return slots
     return names if sorted(names) == sorted(slots) else slots
 
