@@ -1,8 +1,11 @@
 """Faults only a Slurm cluster produces, through profiles/slurm on a real cluster.
 
-- A training job reaching its time limit: the early signal the profile asks sbatch for (`--signal=TERM@<s>`)
+- A training job reaching its time limit: the early signal the profile asks sbatch for (`--signal=TERM@120`)
   reaches the trainer inside the job step, which saves its state and stops before the limit; Snakemake's
-  retry (more time) resumes from that state and the run completes.
+  retry (more time) resumes from that state and the run completes. The limit is shortened once the trainer
+  has logged an update (as an admin or `scontrol update` by the user would): slurmctld sends the signal at
+  its 30 s checks, so with a limit fixed at submission a job slow to start (a busy machine) got it before its
+  step existed and ran into its limit.
 - A running training job requeued by Slurm (`scontrol requeue`, as preemption does): the trainer saves its
   state, the controller keeps waiting while Slurm holds the job pending (it polls `squeue` meanwhile and
   submits no retry of its own), and the same Slurm job, restarted, resumes the run.
@@ -32,7 +35,6 @@ from slurm_helpers import (
     counting_shims,
     derive_profile,
     detect_cluster,
-    run_snakemake,
     shim_calls,
     start_snakemake,
     submitted_jobs,
@@ -42,15 +44,15 @@ from slurm_helpers import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SIGNAL_LEAD = 40
-"""Seconds before the limit the time-limit test asks for SIGTERM (a 1-minute limit; the profile's is 120)."""
+SIGNAL_LEAD = 120
+"""Seconds before the limit the shipped profile asks Slurm for SIGTERM (`slurm_extra`)."""
 
 
 def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
-    """`tiny` made long by repeating its data: `long` (30 passes, 1-minute limit) and `requeued` (4 passes).
+    """`tiny` made long by repeating its data: `long` (30 passes) and `requeued` (4 passes).
 
-    `long` trains for well over the first attempt's 20 s before its early signal on any machine (6 passes
-    took 22 s here, so a fast machine finished before the signal); each retry has one more minute.
+    `long` trains for well over the 30 s between its first update and its early signal on any machine (6
+    passes took 22 s here); its limit (10 min, 20 on the retry) is shortened by the test.
 
     Both sizes are in every config of this module, so the cache recipe never changes and it is prepared once.
     Only a signal saves state here (no rolling checkpoint before the run ends).
@@ -64,7 +66,7 @@ def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
     return {
         "data": {"corpus": str(corpus), "tokenizer": str(tokenizer), "cache_dir": "results/data/cache"},
         "sizes": {
-            "long": {**base, "runtime_minutes": 1, "overrides": repeated(30)},
+            "long": {**base, "runtime_minutes": 10, "overrides": repeated(30)},
             "requeued": {**base, "runtime_minutes": 10, "overrides": repeated(4)},
         },
         "recipe_defaults": {
@@ -130,26 +132,53 @@ def assert_saved_then_resumed(log: str) -> int:
     return step
 
 
-def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Setup) -> None:
-    # The shipped profile's slurm_extra with a lead that fits a 1-minute limit; more retries than shipped,
-    # so a slow machine (another signal on the retry) still ends complete: every attempt resumes.
-    extra = f"'--signal=TERM@{SIGNAL_LEAD}'"
-    changes = {"set-resources": {"train_run": {"slurm_extra": extra}}, "retries": 3}
-    profile = setup.profile("timelimit", {"long": {"size": "long"}}, changes)
-    proc = run_snakemake(setup.root, profile, "results/runs/long/result.json", "--verbose", timeout=900)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
+def training_job(run_dir: Path, log: Path) -> str | None:
+    """The Slurm id of the run's training job once its trainer has logged an update."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file() or '"event": "train"' not in metrics.read_text():
+        return None
+    jobs = [j for j in submitted_jobs(log.read_text()) if j.rule == "train_run"]
+    return jobs[0].slurm_id if jobs else None
 
+
+def seconds(limit: str) -> int:
+    """sacct's Timelimit ([D-]HH:MM:SS) in seconds."""
+    days, _, clock = limit.rpartition("-")
+    hours, minutes, secs = (int(part) for part in clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + secs
+
+
+def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Setup) -> None:
+    profile = setup.profile("timelimit", {"long": {"size": "long"}})
+    run_dir = setup.root / "results/runs/long"
+    log = setup.root / "controller-timelimit.log"
+    controller = start_snakemake(setup.root, profile, log, "results/runs/long/result.json", "--verbose")
+    try:
+        assert wait_for(lambda: training_job(run_dir, log) is not None or controller.poll() is not None, 300)
+        slurm_id = training_job(run_dir, log)
+        assert slurm_id is not None, log.read_text()[-6000:]
+        # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it, and
+        # the trainer has over 30 s to save its state before the limit
+        elapsed = int(sacct_rows(slurm_id)[-1]["ElapsedRaw"])
+        limit = elapsed // 60 + 2
+        update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
+        subprocess.run(update, check=True, timeout=30)
+        assert controller.wait(timeout=900) == 0, log.read_text()[-6000:]
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+    output = log.read_text()
     calls = [ln for ln in output.splitlines() if ln.startswith("sbatch call:") and "rule_train_run" in ln]
     assert calls and all(f"--signal=TERM@{SIGNAL_LEAD}" in ln for ln in calls), calls
     trainings = [job for job in submitted_jobs(output) if job.rule == "train_run"]
-    assert len(trainings) >= 2, output[-6000:]
-    first = sacct_rows(trainings[0].slurm_id)[-1]
+    assert trainings[0].slurm_id == slurm_id and len(trainings) >= 2, output[-6000:]
+    first = sacct_rows(slurm_id)[-1]
     # the trainer stopped on the early signal and the job failed before Slurm's limit killed it (not TIMEOUT)
     assert first["State"] == "FAILED", first
-    assert int(first["ElapsedRaw"]) < 60, first
-    step = assert_saved_then_resumed(run_log(setup.root / "results/runs/long"))
-    result = json.loads((setup.root / "results/runs/long/result.json").read_text())
+    assert seconds(first["Timelimit"]) == limit * 60 and int(first["ElapsedRaw"]) < limit * 60, first
+    step = assert_saved_then_resumed(run_log(run_dir))
+    result = json.loads((run_dir / "result.json").read_text())
     assert result["step"] > step
 
 
@@ -162,17 +191,8 @@ def test_a_requeued_job_resumes_and_the_controller_waits_for_it(setup: Setup) ->
         setup.root, profile, log, "results/runs/requeued/result.json", path_first=shims
     )
     try:
-
-        def training_id() -> str | None:
-            """The training job's Slurm id once it has logged an update."""
-            metrics = run_dir / "metrics.jsonl"
-            if not metrics.is_file() or '"event": "train"' not in metrics.read_text():
-                return None
-            jobs = [j for j in submitted_jobs(log.read_text()) if j.rule == "train_run"]
-            return jobs[0].slurm_id if jobs else None
-
-        assert wait_for(lambda: training_id() is not None or controller.poll() is not None, 300)
-        slurm_id = training_id()
+        assert wait_for(lambda: training_job(run_dir, log) is not None or controller.poll() is not None, 300)
+        slurm_id = training_job(run_dir, log)
         assert slurm_id is not None, log.read_text()[-6000:]
         subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
         # Slurm holds a requeued job pending (about 2 min): the controller polls meanwhile and does not fail
