@@ -40,7 +40,7 @@ from slurm_helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPORT = "results/report/runs/report.md"
 RUN_DIR = "results/runs/tiny-a"
