@@ -89,7 +89,7 @@ class Setup:
         config = write_yaml(self.root / f"{name}.yaml", workflow_config(self.corpus, self.tokenizer, runs))
         return derive_profile(self.root / f"profile-{name}", self.cluster, config, cpu_only=cpu_only)
 
-    def run(self, profile: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    def run(self, profile: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return run_snakemake(self.root, profile, *args, timeout=timeout)
 
 
@@ -131,7 +131,7 @@ def interrupted(setup: Setup) -> Interrupted:
         return any(row["event"] == "train" for row in read_jsonl(run_dir / "metrics.jsonl"))
 
     try:
-        wait_for(lambda: training() or controller.poll() is not None, 120)
+        wait_for(lambda: training() or controller.poll() is not None, 300)
         seen = training()
     finally:
         code = interrupt(controller, timeout=60)
@@ -206,7 +206,7 @@ def test_rerun_resumes_and_finishes_the_pipeline_through_slurm(interrupted: Inte
 def test_sbatch_call_of_a_gpu_training_job(setup: Setup) -> None:
     """The shipped profile (only account and partition swapped for this cluster's) on a GPU recipe."""
     profile = setup.profile("gpu", {"tiny-on-gpu": {"size": "tiny-gpu"}}, cpu_only=False)
-    proc = setup.run(profile, "results/runs/tiny-on-gpu/result.json", "--verbose", timeout=120)
+    proc = setup.run(profile, "results/runs/tiny-on-gpu/result.json", "--verbose", timeout=300)
     output = proc.stdout + proc.stderr
     calls = [ln for ln in output.splitlines() if ln.startswith("sbatch call:") and "rule_train_run" in ln]
     submitted = [job.slurm_id for job in submitted_jobs(output)]
