@@ -141,11 +141,18 @@ def training_job(run_dir: Path, log: Path) -> str | None:
     return jobs[0].slurm_id if jobs else None
 
 
-def seconds(limit: str) -> int:
-    """sacct's Timelimit ([D-]HH:MM:SS) in seconds."""
-    days, _, clock = limit.rpartition("-")
-    hours, minutes, secs = (int(part) for part in clock.split(":"))
+def seconds(duration: str) -> int:
+    """A Slurm duration ([D-][H:]M:SS, as squeue's and sacct's columns print it) in seconds."""
+    days, _, clock = duration.rpartition("-")
+    hours, minutes, secs = [0, 0, *(int(part) for part in clock.split(":"))][-3:]
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + secs
+
+
+def elapsed_seconds(slurm_id: str) -> int:
+    """How long a running job has run, from the controller (sacct may not have its start yet)."""
+    query = ["squeue", "-h", "-j", slurm_id, "-o", "%M"]
+    out = subprocess.run(query, capture_output=True, text=True, check=True, timeout=30).stdout
+    return seconds(out.strip())
 
 
 def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Setup) -> None:
@@ -159,8 +166,7 @@ def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Se
         assert slurm_id is not None, log.read_text()[-6000:]
         # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it, and
         # the trainer has over 30 s to save its state before the limit
-        elapsed = int(sacct_rows(slurm_id)[-1]["ElapsedRaw"])
-        limit = elapsed // 60 + 2
+        limit = elapsed_seconds(slurm_id) // 60 + 2
         update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
         subprocess.run(update, check=True, timeout=30)
         assert controller.wait(timeout=900) == 0, log.read_text()[-6000:]
