@@ -18,11 +18,13 @@ Budget: about 10 min on the CI box (runs long enough to be interrupted, a campai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -141,6 +143,25 @@ def training_job(run_dir: Path, log: Path) -> str | None:
     return jobs[0].slurm_id if jobs else None
 
 
+@contextlib.contextmanager
+def training_controller(
+    setup: Setup, profile: Path, run_dir: Path, log: Path, *args: str, path_first: Path | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A background controller (output to ``log``) for the run's result.json, once its trainer has logged an
+    update: (the controller, the training job's Slurm id). Killed on leaving if it still runs."""
+    target = str((run_dir / "result.json").relative_to(setup.root))
+    controller = start_snakemake(setup.root, profile, log, target, *args, path_first=path_first)
+    try:
+        assert wait_for(lambda: training_job(run_dir, log) is not None or controller.poll() is not None, 300)
+        slurm_id = training_job(run_dir, log)
+        assert slurm_id is not None, log.read_text()[-6000:]
+        yield controller, slurm_id
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait()
+
+
 def seconds(duration: str) -> int:
     """A Slurm duration ([D-][H:]M:SS, as squeue's and sacct's columns print it) in seconds."""
     days, _, clock = duration.rpartition("-")
@@ -157,23 +178,14 @@ def elapsed_seconds(slurm_id: str) -> int:
 
 def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Setup) -> None:
     profile = setup.profile("timelimit", {"long": {"size": "long"}})
-    run_dir = setup.root / "results/runs/long"
-    log = setup.root / "controller-timelimit.log"
-    controller = start_snakemake(setup.root, profile, log, "results/runs/long/result.json", "--verbose")
-    try:
-        assert wait_for(lambda: training_job(run_dir, log) is not None or controller.poll() is not None, 300)
-        slurm_id = training_job(run_dir, log)
-        assert slurm_id is not None, log.read_text()[-6000:]
+    run_dir, log = setup.root / "results/runs/long", setup.root / "controller-timelimit.log"
+    with training_controller(setup, profile, run_dir, log, "--verbose") as (controller, slurm_id):
         # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it, and
         # the trainer has over 30 s to save its state before the limit
         limit = elapsed_seconds(slurm_id) // 60 + 2
         update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
         subprocess.run(update, check=True, timeout=30)
         assert controller.wait(timeout=900) == 0, log.read_text()[-6000:]
-    finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
     output = log.read_text()
     calls = [ln for ln in output.splitlines() if ln.startswith("sbatch call:") and "rule_train_run" in ln]
     assert calls and all(f"--signal=TERM@{SIGNAL_LEAD}" in ln for ln in calls), calls
@@ -190,16 +202,9 @@ def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Se
 
 def test_a_requeued_job_resumes_and_the_controller_waits_for_it(setup: Setup) -> None:
     profile = setup.profile("requeue", {"requeued": {"size": "requeued"}})
-    run_dir = setup.root / "results/runs/requeued"
+    run_dir, log = setup.root / "results/runs/requeued", setup.root / "controller-requeue.log"
     shims = counting_shims(setup.root / "shims-requeue")
-    log = setup.root / "controller-requeue.log"
-    controller = start_snakemake(
-        setup.root, profile, log, "results/runs/requeued/result.json", path_first=shims
-    )
-    try:
-        assert wait_for(lambda: training_job(run_dir, log) is not None or controller.poll() is not None, 300)
-        slurm_id = training_job(run_dir, log)
-        assert slurm_id is not None, log.read_text()[-6000:]
+    with training_controller(setup, profile, run_dir, log, path_first=shims) as (controller, slurm_id):
         subprocess.run(["scontrol", "requeue", slurm_id], check=True, timeout=30)
         # Slurm holds a requeued job pending (about 2 min): the controller polls meanwhile and does not fail
         assert wait_for(lambda: job_state(slurm_id) == "PENDING", 60), job_state(slurm_id)
@@ -209,10 +214,6 @@ def test_a_requeued_job_resumes_and_the_controller_waits_for_it(setup: Setup) ->
         assert job_state(slurm_id) == "PENDING"
         subprocess.run(["scontrol", "update", f"jobid={slurm_id}", "StartTime=now"], check=True, timeout=30)
         assert controller.wait(timeout=600) == 0, log.read_text()[-6000:]
-    finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.wait()
     output = log.read_text()
     trainings = [job for job in submitted_jobs(output) if job.rule == "train_run"]
     assert [job.slurm_id for job in trainings] == [slurm_id], "the controller submitted a job of its own"
