@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -387,3 +388,23 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class DeviceTimer:
+    """What a run's clock needs of its device: the wall time, a wait for the queued work, the peak memory.
+    The tests put an asynchronous stand-in in its place, where a CPU's synchronize would cost nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
+
+    def reset_peak(self) -> None:
+        reset_peak_memory(self.device)
+
+    def peak(self) -> int:
+        return peak_memory_bytes(self.device)

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,19 +32,12 @@ from tiny_llm.io import (
 )
 from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
-from tiny_llm.runtime.device import (
-    check_cuda_graph,
-    peak_memory_bytes,
-    pin_for,
-    reset_peak_memory,
-    setup_runtime,
-    synchronize,
-    uses_compile,
-)
+from tiny_llm.runtime.device import DeviceTimer, check_cuda_graph, pin_for, setup_runtime, uses_compile
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, StepStats, UpdateAborted
 from tiny_llm.runtime.environment import capture_environment, device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint, continuation
+from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 from tiny_llm.train.tracking import Tracker, open_tracker
@@ -88,14 +80,21 @@ class Progress:
 LOCK_FILE = ".lock"
 
 
+def device_timer(device: torch.device) -> DeviceTimer:
+    """The clock's view of ``device`` (the tests put an asynchronous stand-in here)."""
+    return DeviceTimer(device)
+
+
 class Trainer:
     def __init__(self, recipe: RecipeConfig, run_dir: Path, log: RunLog, build_engine: EngineFactory) -> None:
         self.recipe = recipe
         self.build_engine = build_engine
         self.run_dir = run_dir
         self.log = log
-        self.session_start = time.perf_counter()  # reset where the validation subset is prepared
         self.device = setup_runtime(recipe)
+        self.progress = Progress()
+        self.clock = RunClock(device_timer(self.device), self.progress)
+        self.session_start = self.clock.now()  # reset where the validation subset is prepared
         check_cuda_graph(recipe, self.device)
         self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
         self.cache.check_compatible(recipe)
@@ -105,13 +104,6 @@ class Trainer:
         self.schedule = self.budget.update_schedule()
         self.metrics = MetricsLog(run_dir / "metrics.jsonl")
         self.tracker: Tracker | None = None
-        self.progress = Progress()
-        self.session_tokens = 0
-        self.session_updates = 0
-        self.session_update_seconds = 0.0
-        self.first_update_at: float | None = None
-        self.elapsed_mark: float | None = None
-        """Time up to which ``progress.elapsed_seconds`` is counted; None while the clock is stopped."""
         self.policy = recipe.training.checkpoint_policy
         self.kept_epochs = set(kept_epochs(recipe))
         self.stop_at: int | None = None
@@ -120,8 +112,8 @@ class Trainer:
         """Updates after which an immutable step-NNNNNNN.pt is kept (a trunk's branch points)."""
         self._engine: Engine | None = None
         self._loader: TrainLoader | None = None
-        self.unsettled: list[tuple[StepStats, float, int, int]] = []
-        """Updates not yet in the window: (stats, seconds, step and tokens before the update)."""
+        self.unsettled: list[tuple[StepStats, int, int]] = []
+        """Updates not yet in the window: (stats, step and tokens before the update)."""
 
     @property
     def started(self) -> bool:
@@ -186,7 +178,7 @@ class Trainer:
         self.log.start_bar(total, self.progress.tokens, len(self.schedule))
         self._write_status("running")
         self._write_environment(resumed=state is not None and not branch)
-        self.session_start = time.perf_counter()
+        self.session_start = self.clock.now()
         self.subset = validation_subset(
             self.cache,
             self.recipe.model.context_length,
@@ -212,6 +204,7 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         self.progress = Progress.from_dict(state["progress"])
+        self.clock.bind(self.progress)
         self.metrics.truncate_to_step(self.progress.step)
         self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
 
@@ -232,7 +225,7 @@ class Trainer:
 
     def run(self) -> int:
         if self.progress.pending_epoch is not None:
-            self.elapsed_mark = time.perf_counter()  # validation left pending belongs to training time
+            self.clock.start_elapsed()  # validation left pending belongs to training time
             self.finish_epoch()
         end = len(self.schedule) if self.stop_at is None else min(self.stop_at, len(self.schedule))
         self.keep_state()
@@ -274,11 +267,8 @@ class Trainer:
         epoch_end = p.blocks + num_blocks == self.budget.epoch_boundaries[epoch]
         logs_row = step % training.log_every == 0 or epoch_end
         saves = self.policy in ("interval", "all") and (epoch_end or step % training.checkpoint_every == 0)
-        if p.window.updates == 0 or self.first_update_at is None:
-            synchronize(self.device)  # a window's clock starts on an idle device ...
-            reset_peak_memory(self.device)  # ... and its peak memory with this window
+        self.clock.begin_update()  # a span starts on an idle device; its updates then queue without a wait
         loader_state = self.loader.state_dict()
-        started = time.perf_counter()
         blocks = pin_for(self.loader.next_blocks(num_blocks), self.device)
         end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
         lr = lr_at(end_tokens, self.budget.tokens, self.recipe.optimizer, self.recipe.training.batch_tokens)
@@ -287,10 +277,7 @@ class Trainer:
         except UpdateAborted:
             self.loader.load_state_dict(loader_state)
             raise Interrupted() from None
-        if logs_row or saves:
-            synchronize(self.device)  # ... and stops when its last kernels are done, before untimed work
-        seconds = time.perf_counter() - started
-        self._account(stats, seconds, num_blocks)
+        self._account(stats, num_blocks)
         if logs_row:
             self.log_train_row(epoch + 1, lr, stats.extra)
         if epoch_end:
@@ -299,22 +286,13 @@ class Trainer:
         if saves:
             self.save(checkpoint.LATEST)
 
-    def _account(self, stats: StepStats, seconds: float, blocks: int) -> None:
+    def _account(self, stats: StepStats, blocks: int) -> None:
         p = self.progress
-        if self.first_update_at is None:
-            self.first_update_at = time.perf_counter() - seconds
-        if self.elapsed_mark is None:
-            self.elapsed_mark = self.first_update_at
-        self._tick_elapsed()
-        self.unsettled.append((stats, seconds, p.step, p.tokens))
-        tokens = stats.tokens
+        self.unsettled.append((stats, p.step, p.tokens))
         p.step += 1
         p.blocks += blocks
-        p.tokens += tokens
-        p.training_seconds += seconds
-        self.session_tokens += tokens
-        self.session_updates += 1
-        self.session_update_seconds += seconds
+        p.tokens += stats.tokens
+        self.clock.end_update(stats.tokens)
 
     def settle(self) -> None:
         """Bring the updates since the last settle into the window: the engine's deferred finite check
@@ -325,16 +303,17 @@ class Trainer:
         try:
             getattr(self.engine, "check_finite", lambda: None)()
         except NonFiniteError as exc:
-            before = next((u for u in self.unsettled if u[2] == exc.step - 1), None)
+            before = next((u for u in self.unsettled if u[1] == exc.step - 1), None)
             if before is not None:
-                self.progress.step, self.progress.tokens = before[2], before[3]
+                self.progress.step, self.progress.tokens = before[1], before[2]
             raise
         StepStats.read_all([stats for stats, *_ in self.unsettled])
-        for stats, seconds, *_ in self.unsettled:
-            self.progress.window.add(stats.loss, stats.tokens, seconds, stats.grad_norm)
+        for stats, *_ in self.unsettled:
+            self.progress.window.add(stats.loss, stats.tokens, stats.grad_norm)
         self.unsettled.clear()
 
     def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
+        peak = self.clock.close_row()  # the window's last kernels are done: its values read without a wait
         self.settle()
         p, w = self.progress, self.progress.window
         tps = w.tokens / w.seconds if w.seconds > 0 else 0.0
@@ -350,38 +329,18 @@ class Trainer:
             "tokens_per_second": tps,
             "training_seconds": w.seconds,
             "cumulative_training_seconds": p.training_seconds,
-            "elapsed_tokens_per_second": self.elapsed_tokens_per_second(),
-            "peak_memory_bytes": self._fold_training_peak(),
+            "elapsed_tokens_per_second": self.clock.elapsed_tokens_per_second(),
+            "peak_memory_bytes": peak,
         }
-        peak = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
-        if peak:
-            row["mfu"] = tps * flops_per_token(self.recipe.model) / peak
+        flops = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
+        if flops:
+            row["mfu"] = tps * flops_per_token(self.recipe.model) / flops
         row.update({k: v for k, v in extra.items() if k not in row})
         row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
         self.metrics.append(row)
-        per_update = self.session_update_seconds / max(self.session_updates, 1)
-        eta = per_update * (len(self.schedule) - p.step)
+        eta = self.clock.seconds_per_update() * (len(self.schedule) - p.step)
         self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta), row=row, eta=eta)
         p.window = Window()
-
-    def elapsed_tokens_per_second(self) -> float:
-        """Tokens this session / wall time since this session's first update."""
-        if self.first_update_at is None:
-            return 0.0
-        return self.session_tokens / max(time.perf_counter() - self.first_update_at, 1e-9)
-
-    def _tick_elapsed(self) -> None:
-        """Add the wall time since the last tick to ``progress.elapsed_seconds`` while the clock runs."""
-        if self.elapsed_mark is not None:
-            now = time.perf_counter()
-            self.progress.elapsed_seconds += now - self.elapsed_mark
-            self.elapsed_mark = now
-
-    def _fold_training_peak(self) -> int:
-        """The current window's peak memory, folded into the run's training peak."""
-        peak = peak_memory_bytes(self.device)
-        self.progress.peak_memory_bytes = max(self.progress.peak_memory_bytes or 0, peak)
-        return peak
 
     # ------------------------------------------------------------------ epochs, evaluation, checkpoints
 
@@ -424,7 +383,7 @@ class Trainer:
         self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], split: str
     ) -> tuple[EvalResult, int]:
         """An evaluation pass and its own peak memory, kept apart from the training peak."""
-        reset_peak_memory(self.device)
+        self.clock.start_evaluation()
         try:
             result = evaluate(
                 self.engine.eval_model(),
@@ -439,11 +398,7 @@ class Trainer:
             raise Interrupted() from None
         if not math.isfinite(result.loss):  # the weights diverged although the training losses were finite
             raise NonFiniteError(self.progress.step, f"non-finite {split} validation loss ({result.loss})")
-        peak = peak_memory_bytes(self.device)
-        p = self.progress
-        p.evaluation_peak_memory_bytes = max(p.evaluation_peak_memory_bytes or 0, peak)
-        reset_peak_memory(self.device)
-        return result, peak
+        return result, self.clock.end_evaluation()
 
     def validation_row(self, event: str, epoch: int, result: EvalResult, peak: int) -> dict[str, Any]:
         return {
@@ -470,10 +425,10 @@ class Trainer:
             self.save(f"{stem}.pt")
 
     def save(self, name: str, loader_state: dict[str, Any] | None = None) -> None:
+        self.clock.pause()  # the span's kernels are done: the state is read without a wait, and not timed
         self.settle()  # never save state past a non-finite update; the window's sums are part of the state
-        self._tick_elapsed()
-        if self.progress.window.updates:  # an open window's peak so far (an interruption or checkpoint)
-            self._fold_training_peak()
+        if self.clock.row_window_open:  # an open window's peak so far (an interruption or checkpoint)
+            self.clock.fold_peak()
         state = {
             "recipe_identity": self.identity,
             "identity_payload": recipe_identity_payload(self.recipe),
@@ -486,6 +441,7 @@ class Trainer:
         checkpoint.save_state(self.run_dir / name, state)
 
     def interrupt(self) -> int:
+        self.clock.pause()
         try:
             self.settle()
         except NonFiniteError as exc:  # a non-finite update before the signal: the run failed there
@@ -506,8 +462,7 @@ class Trainer:
     # ------------------------------------------------------------------ the end
 
     def finish(self) -> None:
-        self._tick_elapsed()
-        self.elapsed_mark = None  # elapsed time ends at the final state: the full validation is not in it
+        self.clock.stop_elapsed()  # elapsed time ends at the final state: the full validation is not in it
         if self.policy != "none":
             self.save(checkpoint.FINAL)
             self.engine.export_weights(self.run_dir / "final.safetensors")
@@ -533,7 +488,7 @@ class Trainer:
             "best_epoch": p.best_epoch,
             "final_validation": full.as_dict(),
             "evaluation_tokens_per_second": full.tokens_per_second,
-            "seconds_this_session": time.perf_counter() - self.session_start,
+            "seconds_this_session": self.clock.now() - self.session_start,
             "training_seconds": p.training_seconds,
             "training_elapsed_seconds": p.elapsed_seconds,
             "training_tokens_per_second": p.tokens / p.training_seconds if p.training_seconds else None,

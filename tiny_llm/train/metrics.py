@@ -111,10 +111,10 @@ class Window:
     grad_norm_last: float = 0.0
     """The window's last update's norm: a train row's grad_norm, as the reference logs it."""
 
-    def add(self, loss: float, tokens: int, seconds: float, grad_norm: float) -> None:
+    def add(self, loss: float, tokens: int, grad_norm: float) -> None:
+        """One update's figures; its time comes with its span's (``RunClock.pause``)."""
         self.loss_sum += loss * tokens
         self.tokens += tokens
-        self.seconds += seconds
         self.grad_norm_sum += grad_norm
         self.grad_norm_last = grad_norm
         self.updates += 1
