@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from host_reads import HostReadError, HostReads
 from train_helpers import metric_rows, small_recipe
 
 from tiny_llm.bench.worker import WorkerOptions, run_worker
@@ -45,7 +46,8 @@ def batches(sizes: list[int]) -> list[torch.Tensor]:
 
 
 class EagerCapturer:
-    """Stands in for CUDA: 'captures' the update as the function itself, which each replay runs."""
+    """Stands in for CUDA: 'captures' the update as the function itself, which each replay runs under a mode
+    that raises on a host read (what a real capture refuses: a value read on the host while recording)."""
 
     def __init__(self) -> None:
         self.warmed = self.captured = self.replays = 0
@@ -59,7 +61,8 @@ class EagerCapturer:
 
         def replay() -> None:
             self.replays += 1
-            update()
+            with HostReads(forbid=True):
+                update()
 
         return replay
 
@@ -105,6 +108,20 @@ def test_capture_once_after_the_warm_up_replay_full_updates_short_ones_eager() -
     engine.load_state_dict(copy.deepcopy(engine.state_dict()))  # new optimizer tensors: capture again
     run(engine, batches([8] * 4), first_step=7)
     assert (stand_in.warmed, stand_in.captured) == (2 * WARMUP_UPDATES, 2)
+
+
+def test_the_stand_in_capture_refuses_a_host_read_in_the_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = GraphEngine(recipe(8), CPU, capturer=EagerCapturer())
+    run(engine, batches([8] * WARMUP_UPDATES))  # warm-up updates run eagerly: a read there is not captured
+    clip = ModelEngine.clip
+
+    def clip_reading(self: ModelEngine, norm: torch.Tensor) -> None:
+        self.last_norm = norm.item()
+        clip(self, norm)
+
+    monkeypatch.setattr(ModelEngine, "clip", clip_reading)
+    with pytest.raises(HostReadError, match="host read"):
+        engine.train_step(batches([8])[0], 1e-3, WARMUP_UPDATES + 1)
 
 
 def test_a_non_finite_update_is_skipped_on_the_device_and_names_its_step() -> None:
