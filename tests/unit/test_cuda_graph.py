@@ -23,6 +23,7 @@ from tiny_llm.runtime.engine import NonFiniteError, StepStats
 from tiny_llm.train import loop
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import WARMUP_UPDATES, GraphEngine
+from tiny_llm.train.metrics import read_metrics
 
 CPU = torch.device("cpu")
 # 8 blocks of 64 tokens per update; a clip this low is active in every update (norms are ~1).
@@ -51,6 +52,7 @@ class EagerCapturer:
 
     def __init__(self) -> None:
         self.warmed = self.captured = self.replays = 0
+        self.peak_bytes = 2**50  # what a capture's peak would be: above anything the CPU reports
 
     def warm(self, update: Callable[[], None]) -> None:
         self.warmed += 1
@@ -65,6 +67,10 @@ class EagerCapturer:
                 update()
 
         return replay
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 def run(engine: ModelEngine, data: list[torch.Tensor], first_step: int = 1) -> list[StepStats]:
@@ -247,5 +253,9 @@ def test_a_training_run_through_the_static_update_is_the_ordinary_run(
         assert loop.run_training(r, factory, quiet=True) == 0
     assert stand_in.captured == 1 and stand_in.replays > 0
     assert metric_rows(tmp_path / "ordinary") == metric_rows(tmp_path / "static")
+    replayed = [
+        r for r in rows(tmp_path / "static") if r["event"] == "train" and r["step"] > WARMUP_UPDATES + 1
+    ]
+    assert replayed and all(r["peak_memory_bytes"] >= stand_in.peak_bytes for r in replayed)
     weights = [(tmp_path / name / "final.safetensors").read_bytes() for name in factories]
     assert weights[0] == weights[1]

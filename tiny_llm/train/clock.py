@@ -15,6 +15,7 @@ follows a row) has a peak of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from tiny_llm.runtime.device import DeviceTimer
@@ -49,6 +50,8 @@ class RunClock:
         self.session_updates = 0
         self.session_seconds = 0.0
         """Seconds of this session's closed spans (the ETA's rate)."""
+        self.peak_floor: Callable[[], int] = lambda: 0
+        """Memory a window holds that the allocator's peak misses (a CUDA graph's replays)."""
 
     def bind(self, progress: Timed) -> None:
         self.progress = progress
@@ -98,7 +101,7 @@ class RunClock:
 
     def fold_peak(self) -> int:
         """The open row window's peak so far, folded into the run's training peak."""
-        peak = self.timer.peak()
+        peak = max(self.timer.peak(), self.peak_floor())
         self.progress.peak_memory_bytes = max(self.progress.peak_memory_bytes or 0, peak)
         return peak
 

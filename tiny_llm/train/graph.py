@@ -49,6 +49,9 @@ class CudaCapturer:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.peak_bytes = 0
+        """The allocator's peak as the capture left it: a replay reuses the capture's memory, graph-owned, and
+        never moves ``max_memory_allocated`` again, so a window that only replays reports this floor."""
 
     def warm(self, update: Callable[[], None]) -> None:
         current = torch.cuda.current_stream(self.device)
@@ -61,6 +64,7 @@ class CudaCapturer:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self.stream):  # synchronizes first, then records, runs nothing
             update()
+        self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
         return graph.replay  # on the current stream, after the input copy; the bound method keeps the graph
 
 
@@ -142,6 +146,11 @@ class GraphEngine(ModelEngine):
         for group in state["optimizer"]["param_groups"]:
             group["lr"], group["capturable"] = float(self.lr), False
         return state
+
+    def replay_peak_bytes(self) -> int:
+        """The peak memory of a replayed update (the capture's), 0 before a capture: the clock's floor for
+        a window's peak, which the allocator's statistics do not show for a replay."""
+        return int(getattr(self.capturer, "peak_bytes", 0)) if self.replay is not None else 0
 
     def load_state_dict(self, state: dict) -> None:
         """Load, then capture again: the optimizer's state tensors are new, the old graph points at others."""

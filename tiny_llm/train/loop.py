@@ -150,6 +150,7 @@ class Trainer:
         self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
         self.metrics.listener = self.tracker.log_row
         self._engine = self.build_engine(self.recipe, self.device)
+        self.clock.peak_floor = getattr(self._engine, "replay_peak_bytes", self.clock.peak_floor)
         self._loader = TrainLoader(
             self.cache,
             context_length=self.recipe.model.context_length,
