@@ -1,4 +1,4 @@
-"""Staged tuner with a fake worker: ranks, reuse, timeouts, budget, selection."""
+"""Staged tuner with a fake worker: ranks, reuse, timeouts, budget, selection, the CUDA graph stage."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from pipeline_helpers import plan_of, shipped, tiny
 
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
+from tiny_llm.pipeline import write_plan_file
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import (
+    apply_overrides,
     base_recipe,
     make_plan,
     make_slots,
@@ -30,7 +33,8 @@ from tiny_llm.tuning.candidates import (
     window_noise,
 )
 
-# Throughput = micro x (3 if compiled) x attention factor x thread factor, or {"rates": {label: tps}};
+# Throughput = micro x (3 if compiled) x attention factor x thread factor, or {"rates": {label: tps}} (label
+# m8-compile, plus -max-autotune for a compile mode other than default and -graph for runtime.cuda_graph);
 # three windows around it, {"spread": fraction} apart end to end; behaviour knobs come from FAKE_WORKER
 # (JSON): {"hang": [labels], "sleep": s, "fail": [labels], "exit2": bool}.
 FAKE_WORKER = textwrap.dedent(
@@ -45,9 +49,11 @@ FAKE_WORKER = textwrap.dedent(
     r = yaml.safe_load(open(args.config))
     micro, comp = r["training"]["micro_batch_size"], r["runtime"]["compile"]
     label = f"m{micro}-{'compile' if comp else 'eager'}"
+    mode, graph = r["runtime"]["compile_mode"], r["runtime"]["cuda_graph"]
+    label += ("" if mode == "default" else f"-{mode}") + ("-graph" if graph else "")
     with open(knobs["calls"], "a") as f:
         f.write(json.dumps({"label": label, "sdpa": r["runtime"]["sdpa_backend"],
-                            "threads": r["runtime"]["cpu_threads"]}) + "\\n")
+                            "threads": r["runtime"]["cpu_threads"], "cuda_graph": graph}) + "\\n")
     if knobs.get("exit2"):
         print("error: tuning profile gh200 expects a GH200 GPU", file=sys.stderr)
         sys.exit(2)
@@ -143,13 +149,14 @@ def test_reference_stage1_runs_compiled_first_and_skips_micro_above_batch():
         "s1-m16-eager",
     ]
     assert not any("m32" in n for n in names)
-    assert names[6:] == [  # no threads stage on a GPU
+    assert names[6:] == [  # no threads stage on a GPU; the CUDA graph last, for the best
         "s2-r0-flash",
         "s2-r0-cudnn",
         "s2-r1-flash",
         "s2-r1-cudnn",
         "s3-r0-reduce-overhead",
         "s3-r0-max-autotune",
+        "s4-r0-cuda-graph",
     ]
 
 
@@ -166,7 +173,10 @@ def test_stage_lists_per_space(space):
     assert labels == ["m16-compile", "m8-compile", "m16-eager", "m32-eager", "m8-eager"]
     names = [spec.name for spec in specs]
     if space == "gpu":
-        assert names == ["micro_compile", "attention", "compile_mode"]
+        assert names == ["micro_compile", "attention", "compile_mode", "cuda_graph"]
+        assert specs[3].top_k == 1 and [v.overrides for v in specs[3].variants] == [
+            {"runtime.cuda_graph": True}
+        ]
     else:
         assert names == ["micro_compile", "attention", "precision", "threads"]
         assert [v.overrides for v in specs[3].variants] == [{"runtime.cpu_threads": n} for n in (1, 2)]
@@ -215,6 +225,13 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
     assert results["s3-r0-max-autotune"]["parent"] == "s2-r0-flash"
     # compile modes do not change the fake's speed: the flash candidate stays best (no threads stage)
     assert summary["selected"]["name"] == "s2-r0-flash"
+    # the tiny preset's CPU device and unfused optimizer cannot take the CUDA graph: skipped, nothing measured
+    graph = results["s4-r0-cuda-graph"]
+    assert graph["status"] == "skipped" and graph["parent"] == "s2-r0-flash" and graph["identity"] is None
+    assert graph["error"] == (
+        "not applicable to s2-r0-flash: invalid recipe: runtime.cuda_graph: needs a CUDA device "
+        "(runtime.device is cpu); set it false"
+    )
     assert summary["budget_exhausted"] is False
     selected = load_recipe([str(tmp_path / "out" / "selected.yaml")])
     assert selected.training.micro_batch_size == 16 and selected.runtime.compile is True
@@ -222,7 +239,7 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
     assert summary["selected"]["settings"]["runtime.sdpa_backend"] == "flash"
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["done"] == progress["total"] == len(plan.slots)
-    assert len(calls(tmp_path)) == len(plan.slots)
+    assert len(calls(tmp_path)) == len(plan.slots) - 1  # all but the CUDA graph
 
 
 def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
@@ -480,7 +497,9 @@ def test_a_candidate_wins_only_by_more_than_its_window_noise():
 @pytest.mark.parametrize(("eager_rate", "selected"), [(1005.0, "s1-m8-compile"), (1100.0, "s1-m8-eager")])
 def test_tuning_keeps_the_compiled_baseline_unless_clearly_beaten(tmp_path: Path, fake, eager_rate, selected):
     fake(rates={"m8-compile": 1000.0, "m8-eager": eager_rate}, spread=0.02)
-    profile = gpu_profile(stage1=[[8, False], [8, True]], attention_variants=[], compile_modes=[])
+    profile = gpu_profile(
+        stage1=[[8, False], [8, True]], attention_variants=[], compile_modes=[], cuda_graph=False
+    )
     plan = make_plan(profile)
     assert [s.name for s in plan.slots] == ["s1-m8-compile", "s1-m8-eager"]
     summary = run_all(plan, tmp_path / "out")
@@ -500,3 +519,130 @@ def test_tuning_keeps_the_compiled_baseline_unless_clearly_beaten(tmp_path: Path
     assert ("s1-m8-eager measured faster, within its window noise" in header) == (selected == "s1-m8-compile")
     recipe = load_recipe([str(tmp_path / "out" / "selected.yaml")])
     assert recipe.runtime.compile is (selected == "s1-m8-compile")
+
+
+# ----------------------------------------------------------------------------- the CUDA graph stage
+
+
+def test_the_gh200_profile_plans_a_cuda_graph_candidate_for_the_best() -> None:
+    """The shipped gh200 profile (20m, fused AdamW, compile_mode default) ends with the whole-update CUDA
+    graph applied to the best of stages 1-3; on the compiled default setting it is a valid recipe."""
+    cluster = plan_of(shipped("config/cluster.yaml")).tuning
+    plan = make_plan(profile_from_dict("gh200", cluster.profile_mapping("gh200")))
+    graph = plan.slots[-1]
+    assert (graph.name, graph.stage, graph.stage_name, graph.parent_rank) == (
+        "s4-r0-cuda-graph",
+        4,
+        "cuda_graph",
+        0,
+    )
+    assert graph.overrides == {"runtime.cuda_graph": True}
+    assert [s.name for s in plan.slots if s.stage_name == "cuda_graph"] == ["s4-r0-cuda-graph"]
+    assert cluster.slot_names("gh200")[-1] == "s4-r0-cuda-graph"  # and the workflow's DAG has its job
+    compiled = apply_overrides(plan.base_recipe, plan.slot("s1-m128-compile").overrides)
+    runtime = apply_overrides(compiled, graph.overrides)["runtime"]
+    assert (
+        runtime["cuda_graph"] is True and runtime["compile"] is True and runtime["compile_mode"] == "default"
+    )
+    assert runtime["fused_optimizer"] is True and runtime["deterministic"] is False
+    off = make_plan(profile_from_dict("g", {**cluster.profile_mapping("gh200"), "cuda_graph": False}))
+    assert [s.name for s in off.slots] == [s.name for s in plan.slots[:-1]]
+    with pytest.raises(
+        ConfigError, match=r"^tuning.profiles.g.cuda_graph: expected true or false, got 'yes'$"
+    ):
+        profile_from_dict("g", {"configs": ["20m"], "cuda_graph": "yes"})
+
+
+def test_a_cpu_profile_has_no_cuda_graph_stage() -> None:
+    """A CPU cannot capture a CUDA graph: the demo's profile, and any cpu profile, plan no such slot."""
+    demo = plan_of(shipped("workflow_config.yaml")).tuning
+    slots = make_plan(profile_from_dict("cpu", demo.profile_mapping("cpu"))).slots
+    assert [s.stage_name for s in slots if s.stage > 2][-1] == "threads"
+    assert not any(s.stage_name == "cuda_graph" or "cuda_graph" in str(s.overrides) for s in slots)
+    explicit = profile_from_dict("c", {"configs": ["tiny"], "space": "cpu", "cuda_graph": True})
+    assert [spec.name for spec in stage_specs(explicit, 16)] == [
+        "micro_compile",
+        "attention",
+        "precision",
+        "threads",
+    ]
+
+
+def graph_profile(**extra):
+    """A GPU profile whose recipe can take the CUDA graph (the fake worker measures it on the CPU)."""
+    overrides = {"training": {"batch_tokens": 2048}, "runtime": {"device": "cuda", "fused_optimizer": True}}
+    return gpu_profile(overrides=overrides, stage1=[[8, True]], attention_variants=[], **extra)
+
+
+@pytest.mark.parametrize(
+    ("graph_rate", "selected"), [(1005.0, "s1-m8-compile"), (1100.0, "s4-r0-cuda-graph")]
+)
+def test_the_cuda_graph_stays_only_if_clearly_faster_than_its_parent(
+    tmp_path: Path, fake, graph_rate: float, selected: str
+) -> None:
+    fake(rates={"m8-compile": 1000.0, "m8-compile-graph": graph_rate}, spread=0.02)
+    plan = make_plan(graph_profile(compile_modes=[]))
+    assert [s.name for s in plan.slots] == ["s1-m8-compile", "s4-r0-cuda-graph"]
+    summary = run_all(plan, tmp_path / "out")
+    assert [c["cuda_graph"] for c in calls(tmp_path)] == [False, True]  # the worker got the graph's recipe
+    graph = json.loads((tmp_path / "out" / "candidates" / "s4-r0-cuda-graph.json").read_text())
+    assert graph["parent"] == "s1-m8-compile" and graph["status"] == "ok"
+    assert graph["recipe"]["runtime"]["cuda_graph"] is True
+    assert summary["selected"]["name"] == selected
+    assert summary["selection"]["fastest_measured"] == "s4-r0-cuda-graph"
+    decision = summary["selection"]["decisions"][1]
+    if selected == "s1-m8-compile":  # 0.5% faster, its windows 2% apart: the parent is kept
+        assert decision["kept_above"] == "s1-m8-compile" and decision["rank_when_measured"] == 1
+        header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[0]
+        assert "s4-r0-cuda-graph measured faster, within its window noise" in header
+    else:
+        assert decision["beat"] == "s1-m8-compile" and decision["rank_when_measured"] == 0
+    recipe = load_recipe([str(tmp_path / "out" / "selected.yaml")])
+    assert recipe.runtime.cuda_graph is (selected == "s4-r0-cuda-graph") and recipe.runtime.compile is True
+
+
+def test_the_cuda_graph_is_skipped_on_a_parent_that_cannot_take_it(tmp_path: Path, fake) -> None:
+    """max-autotune makes CUDA graphs of its own: its winner gets no graph candidate and stays selected."""
+    fake(rates={"m8-compile": 1000.0, "m8-compile-max-autotune": 1100.0}, spread=0.02)
+    plan = make_plan(graph_profile(compile_modes=["max-autotune"]))
+    assert [s.name for s in plan.slots] == ["s1-m8-compile", "s3-r0-max-autotune", "s4-r0-cuda-graph"]
+    summary = run_all(plan, tmp_path / "out")
+    assert [c["label"] for c in calls(tmp_path)] == ["m8-compile", "m8-compile-max-autotune"]
+    assert summary["selected"]["name"] == "s3-r0-max-autotune"
+    graph = summary["candidates"][-1]
+    assert graph["status"] == "skipped" and graph["parent"] == "s3-r0-max-autotune"
+    assert graph["error"].startswith(
+        "not applicable to s3-r0-max-autotune: invalid recipe: runtime.cuda_graph: compile_mode max-autotune "
+        "makes CUDA graphs of its own"
+    )
+    assert "\n" not in graph["error"] and graph["wall_seconds"] == 0.0
+    assert tuner.candidate_kinds(graph, "s3-r0-max-autotune") == ["skipped (not applicable)"]
+    import matplotlib.pyplot as plt
+
+    fig = tuner.draw_summary(summary)
+    try:
+        assert "skipped (not applicable)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    finally:
+        plt.close(fig)
+
+
+def test_a_gpu_tree_tuned_before_the_cuda_graph_stage_keeps_its_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan.json is what the candidate jobs read: one written before the CUDA graph stage existed (the planned
+    slots but that one) stays the DAG's while it will not be planned again, so a finished GPU tuning stays
+    complete instead of asking for a slot its schedule lacks; any other difference gives the planned slots."""
+    monkeypatch.chdir(tmp_path)
+    config = tiny(
+        tuning={"profiles": {"g": {"size": "tiny", "space": "gpu", "stage1": [[8, True], [4, False]]}}}
+    )
+    plan = plan_of(config, check_files=True)
+    planned = plan.tuning.slots["g"]
+    assert planned[-1] == "s4-r0-cuda-graph"
+    profile = plan.tuning.profile_file("g")
+    write_plan_file(profile, plan.files.content(profile))
+    schedule = Path("results/g-tuning/plan.json")
+    write_plan_file(schedule, {"slots": [{"name": name} for name in planned[:-1]]})
+    assert plan_of(config, check_files=True).tuning.slots["g"] == planned[:-1]
+    write_plan_file(schedule, {"slots": [{"name": name} for name in planned[1:-1]]})  # another slot missing
+    assert plan_of(config, check_files=True).tuning.slots["g"] == planned

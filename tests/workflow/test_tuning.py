@@ -43,16 +43,18 @@ def test_shipped_demo_includes_cpu_tuning(demo_dry_run: subprocess.CompletedProc
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "results/cpu-tuning/selected.yaml" in proc.stdout
     assert "python -m tiny_llm tune candidate" in proc.stdout
+    assert "cuda-graph" not in proc.stdout  # a CPU cannot capture a CUDA graph: no such candidate
 
 
 def test_gh200_profile_dag_is_static(cluster_dry_run: subprocess.CompletedProcess) -> None:
     proc = cluster_dry_run  # results/gh200-tuning/selected.yaml beside the runs, which do not benchmark
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 20m at its campaign batch, 128 sequences per update: all 10 stage-1 pairs (up to the reference's
-    # micro 128), 2 x 2 attention, 2 compile modes; no threads stage on a GPU
-    assert proc.stdout.count("rule bench_candidate:") == 10 + 4 + 2
+    # micro 128), 2 x 2 attention, 2 compile modes, the CUDA graph for the best; no threads stage on a GPU
+    assert proc.stdout.count("rule bench_candidate:") == 10 + 4 + 2 + 1
     assert "--slot s1-m128-compile" in proc.stdout
-    assert "--slot s2-r1-cudnn" in proc.stdout and "--slot s4-" not in proc.stdout
+    assert "--slot s2-r1-cudnn" in proc.stdout and "--slot s4-r0-cuda-graph " in proc.stdout
+    assert "--slot s4-r0-t" not in proc.stdout and "--slot s5-" not in proc.stdout
 
 
 def test_bad_profile_is_rejected_naming_the_key(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ TUNED_KEYS: dict[str, bool] = {
     "runtime.compile": True,
     "runtime.compile_mode": True,
     "runtime.sdpa_backend": True,
+    "runtime.cuda_graph": True,
     "runtime.attention_backend": False,
     "runtime.cpu_amp": False,
     "runtime.cpu_threads": True,

@@ -4,7 +4,8 @@ A profile fixes a base recipe, a device kind and a candidate space. The schedule
 (plan.json) is a fixed, ordered list of *slots*: stage 1 lists concrete settings, compiled ones
 first, later stages apply variants to the parent of a given *rank* among everything measured
 before them (top 2, then the best). Because slots name ranks, not settings,
-every file of the tuning DAG is known before anything runs.
+every file of the tuning DAG is known before anything runs. A GPU profile's last stage tries the whole-update
+CUDA graph (runtime.cuda_graph) on the best so far, where that recipe can take it (``CONDITIONAL_STAGES``).
 
 Ranking is noise-aware (``NOISE_RULE``): a candidate moves above an earlier one only when it is faster
 by more than the spread of its own timing windows, so the earlier, simpler candidate (stage 1's first
@@ -99,6 +100,8 @@ class TuningProfile:
     cpu_amp_variants: tuple[bool, ...] = (True, False)
     threads: tuple[int, ...] = (1, 4, 8)
     """Stage 4 (cpu space only: a GPU profile has no threads stage)."""
+    cuda_graph: bool = True
+    """Stage 4 on gpu: the best so far with runtime.cuda_graph true; false leaves it out (none on cpu)."""
 
 
 # `sets`, dotted.key=value strings applied after `overrides`, is the earlier form of a profile's recipe keys:
@@ -160,6 +163,8 @@ def _check_profile(p: TuningProfile) -> None:
         raise ConfigError(f"{where}.threads: every thread count must be > 0, got {list(p.threads)}")
     if not p.stage1:
         raise ConfigError(f"{where}.stage1: needs at least one (micro_batch_size, compile) pair")
+    if not isinstance(p.cuda_graph, bool):
+        raise ConfigError(f"{where}.cuda_graph: expected true or false, got {p.cuda_graph!r}")
 
 
 def base_recipe(profile: TuningProfile) -> RecipeConfig:
@@ -168,6 +173,19 @@ def base_recipe(profile: TuningProfile) -> RecipeConfig:
 
 
 # ----------------------------------------------------------------------------- stages
+
+CUDA_GRAPH = Variant("cuda-graph", {"runtime.cuda_graph": True})
+"""The GPU space's last stage (cuda_graph): the whole update captured as one CUDA graph and replayed."""
+
+CONDITIONAL_STAGES = frozenset({"cuda_graph"})
+"""Stages whose variant is tried only on a parent whose recipe can take it. runtime.cuda_graph needs the fused
+optimizer, deterministic false and, when compiled, compile_mode default (recipe validation), so on any other
+parent (e.g. a max-autotune winner of stage 3) the slot measures nothing: it is skipped, saying why, and the
+parent stays the best. A variant of another stage that the recipe refuses is a failed candidate."""
+
+ADDED_STAGES = frozenset({"cuda_graph"})
+"""Stages added after tunings had run: a schedule (plan.json) written without their slots is still the one its
+tuning runs with (``tiny_llm.pipeline.tuning.scheduled_order``), so a tree tuned before stays complete."""
 
 
 def _attention_variant(label: str) -> Variant:
@@ -188,8 +206,9 @@ def compiled_first(pairs: tuple[tuple[int, bool], ...]) -> tuple[tuple[int, bool
 
 
 def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]:
-    """The profile's stages (four on a CPU, three on a GPU: no threads stage there); stage 1 runs compiled
-    settings first and skips micro batches larger than one update."""
+    """The profile's stages (on a CPU: micro/compile, attention, precision, threads; on a GPU: micro/compile,
+    attention, compile modes, the CUDA graph, and no threads stage); stage 1 runs compiled settings first and
+    skips micro batches larger than one update."""
     stage1 = tuple(
         Variant(
             f"m{micro}-{'compile' if compiled else 'eager'}",
@@ -225,6 +244,8 @@ def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]
     stages = [StageSpec("micro_compile", 0, stage1), StageSpec("attention", 2, attention), third]
     if profile.space == "cpu":  # torch's CPU threads do not change a GPU update's speed
         stages.append(StageSpec("threads", 1, threads))
+    elif profile.cuda_graph:  # a CPU cannot capture one: CUDA only
+        stages.append(StageSpec("cuda_graph", 1, (CUDA_GRAPH,)))
     return stages
 
 

@@ -25,6 +25,7 @@ import yaml
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
 from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
 from tiny_llm.tuning.candidates import (
+    CONDITIONAL_STAGES,
     NOISE_RULE,
     Slot,
     TuningSchedule,
@@ -127,7 +128,10 @@ def run_candidate(plan: TuningSchedule, slot_name: str, results_dir: str | Path)
     try:
         recipe = apply_overrides(start_recipe, slot.overrides)
     except ConfigError as exc:
-        record.update(status="failed", error=str(exc))
+        if parent is not None and slot.stage_name in CONDITIONAL_STAGES:  # skipped: the parent stays
+            record["error"] = f"not applicable to {parent['name']}: {exc}"
+        else:
+            record.update(status="failed", error=str(exc))
         return _finish(plan, results_dir, paths, record)
     identity = candidate_identity(recipe, plan.protocol)
     record.update(identity=identity, settings=tuned_settings(recipe), recipe=recipe)
@@ -397,6 +401,7 @@ CANDIDATE_KINDS: dict[str, dict[str, Any]] = {
     "reused (= earlier candidate)": {"bar": "tab:blue", "hatch": "//"},
     "skipped (budget)": {"marker": "x", "color": "0.45"},
     "skipped (no parent)": {"marker": "o", "color": "0.45"},
+    "skipped (not applicable)": {"marker": "s", "color": "0.45"},
     "failed": {"marker": "X", "color": "tab:red"},
     "timed out": {"marker": "v", "color": "tab:red"},
 }
@@ -409,7 +414,9 @@ _STATUS_KINDS = {
 
 def candidate_kinds(candidate: dict[str, Any], selected: str | None) -> list[str]:
     """The CANDIDATE_KINDS a candidate shows as: its bar or zero marker, plus the reuse hatch."""
-    if candidate["status"] != "ok":
+    if candidate["status"] == "skipped" and candidate.get("parent"):  # a parent its variant cannot apply to
+        kinds = ["skipped (not applicable)"]
+    elif candidate["status"] != "ok":
         kinds = [_STATUS_KINDS.get(candidate["status"], "failed")]
     else:
         kinds = ["selected" if candidate["name"] == selected else "measured"]
