@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -334,8 +335,13 @@ def test_gguf_is_not_imported_without_the_switch():
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["bpe_run", "sp_run"])
 def test_llama_cpp_greedy_output_equals_tiny_llm_generate(run, request, tmp_path, capsys):
-    """32 greedy tokens from llama.cpp (llama-cpp-python) on model.gguf equal `tiny_llm generate`'s."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    """32 greedy tokens from llama.cpp (llama-cpp-python) on model.gguf equal `tiny_llm generate`'s. Opt-in:
+    llama-cpp-python builds llama.cpp from source (over 15 minutes on 2 cores), so CI does not install it;
+    with TINY_LLM_LLAMA_CPP=1 a missing one fails instead of skipping."""
+    if not os.environ.get("TINY_LLM_LLAMA_CPP"):
+        pytest.skip("opt-in: pip install llama-cpp-python, then set TINY_LLM_LLAMA_CPP=1")
+    import llama_cpp
+
     recipe, run_dir = request.getfixturevalue(run)
     assert main(["export", "--run", str(run_dir), "--output", str(tmp_path / "e"), "--gguf"]) == 0
     prompt = "The history of the city"
