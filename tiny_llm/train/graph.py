@@ -12,6 +12,14 @@ Uncaptured (the CPU, or ``capturer=None``) every update runs that function eager
 it bit for bit with ``ModelEngine``'s fused update, so everything but the capture itself is tested on the
 CPU. One difference on CUDA only: its fused AdamW kernel reads a tensor learning rate as FP32 (the
 ordinary update hands it a double), so the graph's lr is the schedule's rounded to FP32 (relative 6e-8).
+
+Memory: the capture keeps a private pool holding one update's activations; the eager short update and the
+evaluations allocate beside it, so from the first epoch end a run holds about one more microbatch's
+activations than an eager run. The short shape is not captured as well: it runs once per epoch, so its own
+warm-up (eager updates of that shape, which would have to be real updates) could never pay, and running eager
+work inside the graph's pool is safe only while no tensor made there outlives the work, which compiled
+evaluation's caches do not promise. Size a graph run by its captured peak (``replay_peak_bytes``, in its
+train rows) plus one microbatch, or leave the graph off where memory is tight.
 """
 
 from __future__ import annotations
