@@ -110,9 +110,11 @@ class FiniteGuard:
     reads them once, at a train row or before a save."""
 
     def __init__(self, device: torch.device, num_values: int) -> None:
-        self.found_inf = torch.zeros((), device=device)
+        # FP32 whatever torch.get_default_dtype() is: the fused Adam/AdamW CUDA kernels take only an FP32
+        # found_inf, and the values flagged are FP32 losses and norms.
+        self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)  # -1: none yet
-        self.bad_values = torch.zeros(num_values, device=device)
+        self.bad_values = torch.zeros(num_values, dtype=torch.float32, device=device)
 
     def flag(self, values: torch.Tensor, step: int | torch.Tensor) -> None:
         """Remember ``step`` (a device tensor in a captured update) and ``values`` if they are the first
@@ -133,11 +135,17 @@ class UpdateAborted(Exception):
 
 
 class Engine(Protocol):
-    """Optional: ``check_finite()``, for an engine that skips non-finite updates on the device instead of
-    reading every update's values: it raises ``NonFiniteError`` for the first skipped update (the loop calls
-    it before it reads a window's values, writes a row or saves state)."""
+    """Optional: ``replay_peak_bytes()``, for an engine
+    whose updates replay a captured CUDA graph: the capture's peak memory, which a replay never moves in the
+    allocator's statistics (the run's clock and the benchmark worker take it as a floor)."""
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
+    def check_finite(self) -> None:
+        """``NonFiniteError`` for the first update skipped as non-finite on the device (an engine that reads
+        every update's values raises in ``train_step`` instead, and this is a no-op); the loop calls it
+        before it reads a window's values, writes a row or saves state."""
+        ...
+
     def eval_model(self) -> nn.Module: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...

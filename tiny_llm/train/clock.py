@@ -16,26 +16,15 @@ follows a row) has a peak of its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from tiny_llm.runtime.device import DeviceTimer
-from tiny_llm.train.metrics import Window
-
-
-class Timed(Protocol):
-    """The figures of a run that its state keeps (``Progress``)."""
-
-    training_seconds: float
-    elapsed_seconds: float
-    peak_memory_bytes: int | None
-    evaluation_peak_memory_bytes: int | None
-    window: Window
+from tiny_llm.train.progress import Progress
 
 
 class RunClock:
     """Stamps, counts and divides; ``progress`` is the run's (replace it with ``bind`` on a resume)."""
 
-    def __init__(self, timer: DeviceTimer, progress: Timed) -> None:
+    def __init__(self, timer: DeviceTimer, progress: Progress) -> None:
         self.timer = timer
         self.progress = progress
         self.span_start: float | None = None
@@ -53,7 +42,7 @@ class RunClock:
         self.peak_floor: Callable[[], int] = lambda: 0
         """Memory a window holds that the allocator's peak misses (a CUDA graph's replays)."""
 
-    def bind(self, progress: Timed) -> None:
+    def bind(self, progress: Progress) -> None:
         self.progress = progress
 
     def now(self) -> float:

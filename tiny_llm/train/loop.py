@@ -8,10 +8,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import traceback
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,9 @@ from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
 from tiny_llm.errors import DiskFullError, RunStateError
 from tiny_llm.io import (
-    REPLACED_INFIX,
     atomic_write_json,
     atomic_write_yaml,
     exclusive_lock,
-    fsync_dir,
-    read_json,
 )
 from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
@@ -40,6 +36,16 @@ from tiny_llm.train import checkpoint, continuation
 from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
+from tiny_llm.train.progress import Progress, result_record, train_row, validation_row
+from tiny_llm.train.run_dir import (
+    LOCK_FILE,
+    already_complete,
+    check_identity,
+    check_resumable,
+    remove_stale_temps,
+    resolve_resume,
+    write_status,
+)
 from tiny_llm.train.tracking import Tracker, open_tracker
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -47,37 +53,6 @@ EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 class Interrupted(Exception):
     """Stop requested; the loop saves what the policy allows and exits 130."""
-
-
-@dataclass
-class Progress:
-    """Everything about the run's position that a resume must restore (besides weights and loader)."""
-
-    step: int = 0
-    blocks: int = 0
-    tokens: int = 0
-    epochs_done: int = 0
-    pending_epoch: int | None = None
-    """Epoch whose end-of-epoch validation has not run yet (an interruption during validation)."""
-    best_epoch: int | None = None
-    best_loss: float | None = None
-    best_weights: str | None = None
-    training_seconds: float = 0.0
-    elapsed_seconds: float = 0.0
-    """Wall time from the first update to the last saved state (or the final state), summed over every
-    session of the run: it includes subset validation and checkpoint writes, not the final full
-    validation nor start-up before a session's first update."""
-    peak_memory_bytes: int | None = None
-    """Training peak (the highest train row's); evaluation is measured apart."""
-    evaluation_peak_memory_bytes: int | None = None
-    window: Window = field(default_factory=Window)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Progress:
-        return cls(**{**data, "window": Window(**data["window"])})
-
-
-LOCK_FILE = ".lock"
 
 
 def device_timer(device: torch.device) -> DeviceTimer:
@@ -146,7 +121,7 @@ class Trainer:
             continuation.check_continues(state, resume_path, self.recipe, self.cache.identity)
             continuation.copy_trunk_metrics(resume_path.parent / "metrics.jsonl", self.metrics.path)
         elif state is not None:
-            self._check_compatible(state, resume_path)
+            check_resumable(state, resume_path, self.recipe, self.identity, self.cache.identity)
         self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
         self.metrics.listener = self.tracker.log_row
         self._engine = self.build_engine(self.recipe, self.device)
@@ -185,19 +160,6 @@ class Trainer:
             self.recipe.model.context_length,
             self.recipe.evaluation.subset_blocks,
             self.recipe.evaluation.seed,
-        )
-
-    def _check_compatible(self, state: dict[str, Any], path: Path | None) -> None:
-        if state["recipe_identity"] == self.identity:
-            return
-        from tiny_llm.config import identity_differences
-
-        diffs = identity_differences(state["identity_payload"], recipe_identity_payload(self.recipe))
-        if state.get("cache_identity") != self.cache.identity:
-            diffs.append(f"token cache identity {state.get('cache_identity')} -> {self.cache.identity}")
-        raise RunStateError(
-            f"cannot resume {path}: the recipe changed ({'; '.join(diffs) or 'identity'}); "
-            "restore the original recipe or use a new runtime.output_dir"
         )
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -302,7 +264,7 @@ class Trainer:
         if not self.unsettled:
             return
         try:
-            getattr(self.engine, "check_finite", lambda: None)()
+            self.engine.check_finite()
         except NonFiniteError as exc:
             before = next((u for u in self.unsettled if u[1] == exc.step - 1), None)
             if before is not None:
@@ -316,26 +278,11 @@ class Trainer:
     def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
         peak = self.clock.close_row()  # the window's last kernels are done: its values read without a wait
         self.settle()
-        p, w = self.progress, self.progress.window
-        tps = w.tokens / w.seconds if w.seconds > 0 else 0.0
-        row: dict[str, Any] = {
-            "event": "train",
-            "step": p.step,
-            "epoch": epoch,
-            "tokens": p.tokens,
-            "loss": w.loss_sum / w.tokens,
-            "lr": lr,
-            "grad_norm": w.grad_norm_last,
-            "grad_norm_window_mean": w.grad_norm_sum / w.updates,
-            "tokens_per_second": tps,
-            "training_seconds": w.seconds,
-            "cumulative_training_seconds": p.training_seconds,
-            "elapsed_tokens_per_second": self.clock.elapsed_tokens_per_second(),
-            "peak_memory_bytes": peak,
-        }
+        p = self.progress
         flops = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
+        row = train_row(p, epoch, lr, peak, self.clock.elapsed_tokens_per_second())
         if flops:
-            row["mfu"] = tps * flops_per_token(self.recipe.model) / flops
+            row["mfu"] = row["tokens_per_second"] * flops_per_token(self.recipe.model) / flops
         row.update({k: v for k, v in extra.items() if k not in row})
         row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
         self.metrics.append(row)
@@ -356,7 +303,7 @@ class Trainer:
         if epoch is None:
             raise RuntimeError("finish_epoch without a pending epoch")
         result, peak = self.evaluate_subset()
-        self.metrics.append(self.validation_row("validation", epoch, result, peak))
+        self.metrics.append(validation_row(self.progress, "validation", epoch, result, peak))
         self.log(f"epoch {epoch}/{self.budget.num_epochs} validation loss {result.loss:.4f}")
         improved = p.best_loss is None or result.loss < p.best_loss
         p.epochs_done, p.pending_epoch = epoch, None
@@ -400,21 +347,6 @@ class Trainer:
         if not math.isfinite(result.loss):  # the weights diverged although the training losses were finite
             raise NonFiniteError(self.progress.step, f"non-finite {split} validation loss ({result.loss})")
         return result, self.clock.end_evaluation()
-
-    def validation_row(self, event: str, epoch: int, result: EvalResult, peak: int) -> dict[str, Any]:
-        return {
-            "event": event,
-            "step": self.progress.step,
-            "epoch": epoch,
-            "tokens": self.progress.tokens,
-            "loss": result.loss,
-            "perplexity": result.perplexity,
-            "seconds": result.seconds,
-            "split": result.split,
-            "validation_complete": result.validation_complete,
-            "evaluation_tokens": result.tokens,
-            "evaluation_peak_memory_bytes": peak,
-        }
 
     def save_epoch_files(self, epoch: int) -> None:
         """epoch-NNN.safetensors + epoch-NNN.pt; immutable once written."""
@@ -469,40 +401,21 @@ class Trainer:
             self.engine.export_weights(self.run_dir / "final.safetensors")
         L, batch = self.recipe.model.context_length, self.recipe.evaluation.batch_size
         full, peak = self._evaluate(iter_validation(self.cache, L, batch), "full")
-        self.metrics.append(self.validation_row("final_validation", self.budget.num_epochs, full, peak))
+        self.metrics.append(
+            validation_row(self.progress, "final_validation", self.budget.num_epochs, full, peak)
+        )
         self.log(f"final validation loss {full.loss:.4f} over {full.tokens} tokens")
         if self.policy == "final":
             (self.run_dir / checkpoint.LATEST).unlink(missing_ok=True)
         self._write_status("complete")
-        atomic_write_json(self.run_dir / "result.json", self.result(full))
-
-    def result(self, full: EvalResult) -> dict[str, Any]:
-        """Times and rates add up over every session of the run, except ``seconds_this_session``
-        (from the validation subset's preparation to now, the final full validation included)."""
-        p = self.progress
-        return {
-            "parameters": self.budget.parameters,
-            "tokens": p.tokens,
-            "step": p.step,
-            "epochs": p.epochs_done,
-            "best_subset_loss": p.best_loss,
-            "best_epoch": p.best_epoch,
-            "final_validation": full.as_dict(),
-            "evaluation_tokens_per_second": full.tokens_per_second,
-            "seconds_this_session": self.clock.now() - self.session_start,
-            "training_seconds": p.training_seconds,
-            "training_elapsed_seconds": p.elapsed_seconds,
-            "training_tokens_per_second": p.tokens / p.training_seconds if p.training_seconds else None,
-            "elapsed_tokens_per_second": p.tokens / p.elapsed_seconds if p.elapsed_seconds else None,
-            "peak_memory_bytes": p.peak_memory_bytes,
-            "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
-            "recipe_identity": self.identity,
-            **self.engine.result_fields(p.tokens),
-        }
+        session = self.clock.now() - self.session_start
+        record = result_record(self.progress, full, self.budget.parameters, self.identity, session)
+        atomic_write_json(
+            self.run_dir / "result.json", {**record, **self.engine.result_fields(record["tokens"])}
+        )
 
     def _write_status(self, status: str, **extra: Any) -> None:
-        body = {"status": status, "step": self.progress.step, "tokens": self.progress.tokens, **extra}
-        atomic_write_json(self.run_dir / "status.json", body)
+        write_status(self.run_dir, status, self.progress.step, self.progress.tokens, **extra)
 
     def fail(self, error: str) -> int:
         with contextlib.suppress(DiskFullError):  # a full disk may refuse status.json too: run.log says why
@@ -519,91 +432,6 @@ class Trainer:
 
 
 # ---------------------------------------------------------------------- entry point
-
-
-def resolve_resume(
-    run_dir: Path, resume: str | None, log: RunLog
-) -> tuple[Path | None, dict[str, Any] | None]:
-    """(state file, its state if already loaded): --resume PATH -> that file; auto -> the newest state that
-    loads and passes its checksums (damaged ones set aside, one line each), or a fresh start; absent ->
-    refuse to clobber existing state."""
-    if resume == "auto":
-        return checkpoint.newest_usable_state(run_dir, log)
-    if resume:
-        return Path(resume), None
-    existing = checkpoint.state_candidates(run_dir)
-    if existing:
-        raise RunStateError(
-            f"{run_dir} already holds training state ({existing[0].name}); pass --resume auto to continue it "
-            "or choose a new runtime.output_dir"
-        )
-    if (run_dir / "result.json").exists():
-        raise RunStateError(
-            f"{run_dir} already holds a finished run (result.json); choose a new runtime.output_dir "
-            "(--resume auto only confirms a run of the same recipe)"
-        )
-    return None, None
-
-
-def recorded_identity(run_dir: Path) -> str | None:
-    """The recipe identity of the run ``run_dir`` holds: result.json's, else environment.json's (written
-    when the run started); None where no run has started."""
-    for name in ("result.json", "environment.json"):
-        try:
-            identity = read_json(run_dir / name).get("recipe_identity")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if identity:
-            return str(identity)
-    return None
-
-
-def set_aside_run(run_dir: Path, keep: Sequence[Path] = ()) -> Path:
-    """Move the run ``run_dir`` holds into a new sibling ``<name>.replaced-N`` (first free N), all but the
-    lock file and ``keep`` (the recipe files of the run about to start); nothing is deleted."""
-    kept = {os.path.abspath(path) for path in (*keep, run_dir / LOCK_FILE)}
-    number = 1
-    while True:
-        aside = run_dir.with_name(f"{run_dir.name}{REPLACED_INFIX}{number}")
-        try:
-            aside.mkdir()
-            break
-        except FileExistsError:
-            number += 1
-    for entry in sorted(run_dir.iterdir()):
-        if os.path.abspath(entry) not in kept:
-            os.rename(entry, aside / entry.name)
-    fsync_dir(aside)
-    fsync_dir(run_dir)
-    return aside
-
-
-def check_identity(
-    run_dir: Path, identity: str, log: RunLog, set_aside_changed: bool, keep: Sequence[Path]
-) -> None:
-    """A directory holding a run of another recipe is refused, or with ``set_aside_changed`` moved aside:
-    a resume never mixes two identities, and no run's files are overwritten."""
-    previous = recorded_identity(run_dir)
-    if previous is None or previous == identity:
-        return
-    if not set_aside_changed:
-        raise RunStateError(
-            f"{run_dir} holds a run of another recipe (identity {previous[:12]}, this one {identity[:12]}); "
-            "choose a new runtime.output_dir or move that run away"
-        )
-    aside = set_aside_run(run_dir, keep)
-    log(
-        f"{run_dir} held a run of another recipe (identity {previous[:12]}); kept as {aside}; starting afresh"
-    )
-
-
-def already_complete(run_dir: Path, identity: str) -> bool:
-    """A finished run of the same recipe (status complete and result.json with this identity)."""
-    try:
-        status, result = read_json(run_dir / "status.json"), read_json(run_dir / "result.json")
-    except (OSError, ValueError):
-        return False
-    return status.get("status") == "complete" and result.get("recipe_identity") == identity
 
 
 @dataclass(frozen=True)
@@ -634,8 +462,7 @@ def run_training(
     run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir / "run.log", quiet=quiet)
     with exclusive_lock(run_dir / LOCK_FILE, f"run directory {run_dir}"), signals.stop_on_signals():
-        for stale in run_dir.glob(".*.tmp"):  # temp files of a writer killed mid-write; the lock is ours now
-            stale.unlink(missing_ok=True)
+        remove_stale_temps(run_dir)
         given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
         trainer = Trainer(recipe, run_dir, log, build_engine)
         trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
