@@ -1,20 +1,24 @@
-"""One-shot GPU check: throughput against the reference GH200 figures, packed speedup, CUDA
-train/resume/evaluate, forced attention kernels and CUDA-graph compile modes with gradient accumulation.
+"""One-shot GPU check that fits a short slot of GPU time (540 s from a bare machine, install included): the
+CUDA tests, a real 20m train, the CUDA graph, a short workflow rehearsal, throughput against the reference
+GH200 figures and the peers, in that order (least known first).
 
 Run through ``benchmarks/gpu_check.sh`` (it installs, checks CUDA and calls ``run``). This file uses only the
-standard library: every measurement is a ``python -m tiny_llm ...`` subprocess whose JSON output is read
-back, so it does not depend on the library's internal module layout. The data come from the library's own
-commands (``build-demo-corpus``, ``train-tokenizer``, ``prepare``), as in the workflow.
+standard library: every measurement is a subprocess (``python -m tiny_llm ...``, ``pytest``, or a script of
+benchmarks/) whose JSON output is read back, so it does not depend on the library's internal module layout.
+The data come from the library's own commands (``build-demo-corpus``, ``train-tokenizer``, ``prepare``), as
+in the workflow.
 
     python benchmarks/gpu_check.py run --mode gpu --out results/gpu-check        # the real thing
     python benchmarks/gpu_check.py run --mode cpu-smoke --out /tmp/gpu-smoke       # same steps, tiny, CPU
     python benchmarks/gpu_check.py run --mode gpu --dry-run                       # print the commands only
 
-``steps()`` lists the steps in the order of the table in benchmarks/README.md; each step is its commands
-and a ``check`` that turns their outputs into the step's record. Every step writes ``<out>/<step>.json`` and
-its commands' stdout/stderr under ``<out>/logs/``; ``summary.json`` collects them. Each command has its own
-timeout, clipped to a global deadline; a step that cannot start before the deadline is recorded as
-``skipped_budget``. A failed step never stops the next.
+``steps()`` lists the default steps in the order of the table in benchmarks/README.md, ``more_steps()`` the
+ones only ``--only`` runs; each step is its commands and a ``check`` that turns their outputs into the step's
+record (and a ``compare`` that adds figures of steps run after it, at the end). Every step writes
+``<out>/<step>.json`` and its commands' stdout/stderr under ``<out>/logs/``; ``summary.json`` collects them.
+Each command has its own timeout (a step's budget is the sum of its commands'), clipped to a global deadline;
+a step that cannot start before the deadline is recorded as ``skipped_budget``. A failed step never stops the
+next. ``--dry-run`` prints every step with its budget and the sum.
 """
 
 from __future__ import annotations
@@ -23,18 +27,23 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 GIB = 1024**3
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BUDGET = 540.0  # seconds from the start, install included (gpu_check.sh --budget)
 
 # Reference GH200 figures (SPEC §5 and §7): 32,768-token updates, compiled, micro 32, bf16, synthetic data.
 REFERENCE_TOKENS_PER_SECOND = {"20m": 1_636_281, "50m": 871_826, "90m": 508_930}
@@ -91,6 +100,14 @@ class Step:
     check: Check
     min_seconds: float = 30.0  # don't start with less than this left before the deadline
     describe_during: str | None = None  # dry-run note for `during`
+    # Called once every step has run: fields that need a later step's record (bench-20m runs after the
+    # train and the CUDA graph it is compared with).
+    compare: Callable[[], dict[str, Any]] | None = None
+
+    @property
+    def budget(self) -> float:
+        """The step's time budget: its commands' timeouts added up."""
+        return sum(c.timeout for c in self.commands)
 
 
 @dataclass
@@ -196,12 +213,24 @@ def sets(*pairs: str) -> list[str]:
 
 
 def steps(s: Setup) -> list[Step]:
-    """Every step, in the order of the table in benchmarks/README.md."""
+    """The default steps, least known first (the order of the table in benchmarks/README.md): the environment,
+    the CUDA tests, one real default-recipe 20m train (data first), the CUDA graph, the workflow rehearsal,
+    the benchmarks at 20m/50m/90m, the peers. Their budgets and the install's add up to at most 540 s."""
     return [
         env(s),
+        pytest_cuda(s),
         data(s),
-        *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND),
+        train_20m(s),
         cuda_graph(s),
+        workflow(s),
+        *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND),
+        peers(s),
+    ]
+
+
+def more_steps(s: Setup) -> list[Step]:
+    """Steps only ``--only`` runs (they do not fit the default budget)."""
+    return [
         packed_n4(s),
         train_resume(s),
         compile_mode(s),
@@ -231,9 +260,9 @@ NVIDIA_SMI = [
 
 def env(s: Setup) -> Step:
     """torch/CUDA versions, device name, nvidia-smi."""
-    cmds = [Command("env.torch", [s.py, "-c", ENV_PROBE], 120)]
+    cmds = [Command("env.torch", [s.py, "-c", ENV_PROBE], s.on(6, 120))]  # H200: 3.8 s
     if s.gpu:
-        cmds.append(Command("env.nvidia-smi", NVIDIA_SMI, 30))
+        cmds.append(Command("env.nvidia-smi", NVIDIA_SMI, 2))  # 0.03 s
     return Step("env", "torch/CUDA versions and the GPU", cmds, partial(check_env, s), min_seconds=5)
 
 
@@ -252,7 +281,7 @@ def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
 def data(s: Setup) -> Step:
     """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
     cmds = [
-        Command("data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus)), 120),
+        Command("data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus)), s.on(5, 120)),
         Command(
             "data.tokenizer",
             s.tiny_llm(
@@ -264,10 +293,12 @@ def data(s: Setup) -> Step:
                 "--output",
                 str(s.tokenizer),
             ),
-            180,
+            s.on(7, 180),  # H200: 6.0 s
         ),
         Command(
-            "data.prepare", s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"), 180
+            "data.prepare",
+            s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"),
+            s.on(8, 180),  # H200: 6.1 s
         ),
     ]
     what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
@@ -285,6 +316,9 @@ def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+BENCH_SECONDS = {"20m": 40, "50m": 42, "90m": 50}  # H200 (30 Nov 2026): 35.8, 37.4, 46.2 s
+
+
 def bench(s: Setup, size: str) -> Step:
     """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
     output = s.work / f"bench-{size}.worker.json"
@@ -292,7 +326,7 @@ def bench(s: Setup, size: str) -> Step:
     return Step(
         f"bench-{size}",
         f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
-        [Command(f"bench-{size}", argv, s.on(200, 300))],
+        [Command(f"bench-{size}", argv, s.on(BENCH_SECONDS[size], 300))],
         partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
         min_seconds=s.on(60, 20),
     )
@@ -344,19 +378,111 @@ def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, A
     return rec
 
 
+def pytest_cuda(s: Setup) -> Step:
+    """``pytest -m cuda tests/unit``: the CUDA tests (on the CPU they skip). Counts from pytest's last line;
+    the outcome of each test from its JUnit XML (the CUDA-graph step reads the graph tests' outcomes). A
+    module of tests/unit that fails to import is counted as an error, and the CUDA tests still run."""
+    junit = s.out / "pytest-cuda.xml"
+    argv = [s.py, "-m", "pytest", "-q", "-m", "cuda", str(REPO / "tests" / "unit")]
+    argv += ["--continue-on-collection-errors", f"--junitxml={junit}"]
+    return Step(
+        "pytest-cuda",
+        "python -m pytest -q -m cuda tests/unit (the tests under the cuda marker)",
+        [Command("pytest-cuda", argv, s.on(30, 600), expect_rc=(0,))],
+        partial(check_pytest, s, junit),
+        min_seconds=s.on(15, 30),
+    )
+
+
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|xfailed|xpassed|errors?|warnings?)\b")
+
+
+def pytest_counts(stdout: Path) -> tuple[dict[str, int], str | None]:
+    """pytest's summary (its last line with counts, e.g. '3 passed, 1 skipped, 9 deselected in 4.2s') as
+    {outcome: count} ('error' and 'warning' singular), and the line."""
+    try:
+        lines = [ln.strip().strip("=").strip() for ln in stdout.read_text(errors="replace").splitlines()]
+    except OSError:
+        return {}, None
+    for line in reversed([ln for ln in lines if ln]):
+        found = PYTEST_COUNT.findall(line)
+        if found and re.search(r"\bin [\d.]+s\b", line):
+            return {kind.rstrip("s") if kind.startswith(("error", "warning")) else kind: int(n)
+                    for n, kind in found}, line  # fmt: skip
+    return {}, None
+
+
+def junit_outcomes(path: Path) -> dict[str, str]:
+    """{classname::name: passed | failed | error | skipped} from pytest's JUnit XML ({} without one)."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return {}
+    outcomes = {}
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        tags = {child.tag for child in case}
+        outcomes[name] = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
+        outcomes[name] = outcomes[name].replace("failure", "failed")
+    return outcomes
+
+
+def check_pytest(s: Setup, junit: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    result = results[0]
+    counts, line = pytest_counts(Path(result.get("stdout_log") or "/nonexistent"))
+    tests = junit_outcomes(junit)
+    out: dict[str, Any] = {"counts": counts, "summary_line": line, "tests": tests}
+    rc = result.get("rc")
+    ran = sum(counts.get(k, 0) for k in ("passed", "failed", "error", "xfailed", "xpassed"))
+    if result.get("timed_out") or result.get("skipped"):
+        out.update(status="timeout" if result.get("timed_out") else "skipped_budget")
+        out["error"] = result.get("error") or result.get("skipped")
+    elif rc == 5 or not (ran or counts.get("skipped")):
+        out.update(status="no_tests", error=f"no test carries the cuda marker (pytest exit {rc}): {line}")
+    elif rc != 0:
+        out.update(status="failed", error=f"pytest exit {rc}: {line or result.get('error')}")
+    elif s.gpu and not counts.get("passed"):
+        out.update(status="failed", error=f"every cuda test skipped on the GPU: {line}")
+    else:
+        out["status"] = "ok"
+    out["detail"] = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no pytest summary line"
+    return out
+
+
+GRAPH_TEST_WORDS = ("graph", "captur")  # tests/unit/test_cuda.py: test_the_captured_update_trains_...
+
+
+def graph_correctness(s: Setup) -> dict[str, Any]:
+    """The CUDA-graph tests' outcomes in the pytest-cuda step (the tests named for a graph or a capture)."""
+    record = s.records.get("pytest-cuda")
+    if record is None:
+        return {"verdict": "not run", "source": "pytest-cuda (not run)"}
+    tests = (record.get("tests") or {}).items()
+    graph = {k: v for k, v in tests if any(w in k.lower() for w in GRAPH_TEST_WORDS)}
+    if not graph:
+        return {"verdict": f"no graph test ({record.get('status')})", "source": "pytest-cuda", "tests": {}}
+    outcomes = set(graph.values())
+    verdict = "failed" if outcomes & {"failed", "error"} else "passed" if "passed" in outcomes else "skipped"
+    return {"verdict": verdict, "source": "pytest-cuda", "tests": graph}
+
+
 def cuda_graph(s: Setup) -> Step:
-    """benchmark-worker 20m as bench-20m, plus runtime.cuda_graph (the whole update replayed as one CUDA
-    graph): tokens/s with the graph against bench-20m's without it. The CPU smoke checks its one-line
-    refusal."""
+    """Correctness first, then speed: the graph tests' outcomes from the pytest-cuda step, then
+    benchmark-worker 20m as bench-20m plus runtime.cuda_graph (the whole update replayed as one CUDA graph):
+    tokens/s with the graph, against bench-20m's without it once that has run. The CPU smoke checks its
+    one-line refusal."""
     output = s.work / "cuda-graph-20m.worker.json"
     argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
-    command = Command("cuda-graph-20m", argv, s.on(200, 120), expect_rc=s.on((0,), (2,)))
+    # H200 estimate: bench-20m took 35.8 s (a capture and 3 eager updates more here); not measured yet
+    command = Command("cuda-graph-20m", argv, s.on(40, 120), expect_rc=s.on((0,), (2,)))
     return Step(
         "cuda-graph-20m",
-        "benchmark-worker 20m as bench-20m, with the whole update as one CUDA graph (runtime.cuda_graph)",
+        "the pytest-cuda graph tests, then benchmark-worker 20m as bench-20m with the whole update as one "
+        "CUDA graph (runtime.cuda_graph)",
         [command],
         partial(check_cuda_graph, s, output),
-        min_seconds=s.on(60, 10),
+        min_seconds=s.on(30, 10),
+        compare=partial(compare_cuda_graph, s),
     )
 
 
@@ -364,21 +490,297 @@ CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
 
 
 def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    correctness = graph_correctness(s)
     if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
         line = last_error_line(Path(results[0]["stderr_log"])) or ""
         refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
-        out = {"status": "ok" if refused else "failed", "detail": f"refused on the CPU: {line}"}
+        out = {"status": "ok" if refused else "failed", "correctness": correctness}
+        out["detail"] = f"graph tests {correctness['verdict']}; refused on the CPU: {line}"
         if not refused:
             out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
         return out
     out = worker_record(s, output, results[0])
+    out["correctness"] = correctness
     out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
-    without = s.records.get("bench-20m", {}).get("tokens_per_second")
     if out.get("tokens_per_second"):
         out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
-        if without:
-            out["speedup_over_no_graph"] = out["tokens_per_second"] / without
-            out["detail"] = f"{out['speedup_over_no_graph']:.3f}x bench-20m ({fmt_int(without)} tok/s)"
+    out["detail"] = f"graph tests {correctness['verdict']}; " + out.get("detail", "")
+    if correctness["verdict"] == "failed":
+        out["status"] = "failed"
+        out["error"] = f"CUDA-graph tests failed in pytest-cuda: {sorted(correctness['tests'].items())}"
+    return out
+
+
+def compare_cuda_graph(s: Setup) -> dict[str, Any]:
+    """Tokens/s with the graph against bench-20m's (the same settings without it), once bench-20m has run."""
+    record, without = (
+        s.records.get("cuda-graph-20m", {}),
+        s.records.get("bench-20m", {}).get("tokens_per_second"),
+    )
+    if not (record.get("tokens_per_second") and without):
+        return {}
+    speedup = record["tokens_per_second"] / without
+    detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
+    return {"speedup_over_no_graph": speedup, "detail": detail}
+
+
+# The 20m train: the preset's recipe (131,072-token updates, micro 128, compiled update and evaluation,
+# fused AdamW without a host read per update, bf16), on the check's 512-token cache: vocabulary 512 and the
+# cache's shuffle buffer, 1 token per parameter (79 updates, one epoch), its ~390 blocks read 30 times.
+TRAIN_20M_SETS = (
+    "model.vocab_size=512",
+    "data.shuffle_buffer=64",
+    "training.tokens_per_parameter=1.0",
+    "training.epoch_tokens_per_parameter=1.0",
+    "training.data_passes=30",
+)
+TRAIN_TINY_SETS = ("training.tokens_per_parameter=0.25", "training.epoch_tokens_per_parameter=0.25")
+
+
+def train_20m(s: Setup) -> Step:
+    """One real default-recipe `train` at 20m; its train rows' tokens/s against the wall-clock rate of its
+    updates (the rows' appearance in metrics.jsonl, timed by this check) and against benchmark-worker
+    (bench-20m). The CPU smoke trains the `tiny` recipe."""
+    run_dir = s.work / "train-20m"
+    if s.gpu:
+        recipe = ["--config", "20m", *s.data_sets(), *sets(*TRAIN_20M_SETS, f"runtime.output_dir={run_dir}")]
+    else:
+        recipe = s.train_recipe(run_dir, compile_=False, extra=[*TRAIN_TINY_SETS, "training.log_every=2"])
+    seen: dict[int, float] = {}
+    command = Command(
+        "train-20m",
+        s.tiny_llm("train", *recipe, "--quiet"),
+        s.on(45, 300),  # estimate (compile ~19 s, compiled evaluation, ~6 s of updates); not measured yet
+        during=partial(watch_train_rows, run_dir / "metrics.jsonl", seen),
+    )
+    return Step(
+        "train-20m",
+        "one real default-recipe train at 20m (compiled update and evaluation, sync-free fused AdamW): "
+        "train rows' tokens/s vs the updates' wall-clock rate and vs bench-20m",
+        [command],
+        partial(check_train_20m, s, run_dir, seen),
+        min_seconds=s.on(30, 30),
+        describe_during="metrics.jsonl is polled every 10 ms: each train row's step and the time it appeared",
+        compare=partial(compare_train_20m, s),
+    )
+
+
+def watch_train_rows(
+    metrics: Path, seen: dict[int, float], proc: subprocess.Popen, deadline: float
+) -> str | None:
+    """Until the trainer exits: the time each train row (by step) first appears in ``metrics``."""
+    size = -1
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            now_size = metrics.stat().st_size
+            if now_size != size:
+                size, now = now_size, time.time()
+                for row in read_jsonl(metrics):
+                    if row.get("event") == "train" and row.get("step") not in seen:
+                        seen[row["step"]] = now
+        time.sleep(0.01)
+    return f"{len(seen)} train rows seen"
+
+
+def row_rates(rows: list[dict[str, Any]], seen: dict[int, float]) -> dict[str, Any]:
+    """Over consecutive train rows with nothing else (an evaluation) between them in metrics.jsonl: their
+    tokens over the wall-clock time between their appearance, and over the rows' own training seconds."""
+    tokens = wall = row_seconds = 0.0
+    rates = []
+    for a, b in zip(rows, rows[1:], strict=False):
+        if a.get("event") != "train" or b.get("event") != "train":
+            continue
+        ta, tb = seen.get(a.get("step")), seen.get(b.get("step"))
+        if ta is None or tb is None or tb <= ta:
+            continue
+        tokens += b["tokens"] - a["tokens"]
+        wall += tb - ta
+        row_seconds += b.get("training_seconds") or 0.0
+        rates.append(b.get("tokens_per_second"))
+    out: dict[str, Any] = {"row_pairs": len(rates), "row_tokens_per_second": rates}
+    if wall > 0 and row_seconds > 0:
+        out["wall_clock_tokens_per_second"] = tokens / wall
+        out["rows_tokens_per_second"] = tokens / row_seconds
+        out["ratio_rows_to_wall_clock"] = out["rows_tokens_per_second"] / out["wall_clock_tokens_per_second"]
+    return out
+
+
+def check_train_20m(
+    s: Setup, run_dir: Path, seen: dict[int, float], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    result = read_json(run_dir / "result.json") or {}
+    status_json = read_json(run_dir / "status.json") or {}
+    environment = read_json(run_dir / "environment.json") or {}
+    copy_run_files(run_dir, s.out / "train-20m")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if r.get("event") == "train"]
+    rates = row_rates(rows, seen)
+    training, elapsed = result.get("training_tokens_per_second"), result.get("elapsed_tokens_per_second")
+    mfus = [r["mfu"] for r in train_rows[1:] if r.get("mfu") is not None]
+    out: dict[str, Any] = {
+        "run_status": status_json.get("status"),
+        "result_step": result.get("step"),
+        "train_rows": len(train_rows),
+        **rates,
+        "training_tokens_per_second": training,
+        "elapsed_tokens_per_second": elapsed,
+        "ratio_training_to_elapsed": training / elapsed if training and elapsed else None,
+        "tokens_per_second": rates.get("rows_tokens_per_second") or training,
+        "peak_memory_bytes": result.get("peak_memory_bytes"),
+        "mfu": (sorted(mfus)[len(mfus) // 2] if mfus else None),
+        "attention_kernel": short_kernels(environment.get("attention_kernels")),
+        "final_validation_loss": (result.get("final_validation") or {}).get("loss"),
+    }
+    ok = results[0].get("rc") == 0 and status_json.get("status") == "complete" and bool(train_rows)
+    out["status"] = "ok" if ok else "timeout" if results[0].get("timed_out") else "failed"
+    if not ok:
+        out["error"] = results[0].get("error") or f"run status {status_json.get('status')}"
+    rows_tps, wall_tps = rates.get("rows_tokens_per_second"), rates.get("wall_clock_tokens_per_second")
+    out["detail"] = (
+        f"{len(train_rows)} train rows; rows {fmt_int(rows_tps)} tok/s vs wall clock {fmt_int(wall_tps)} "
+        f"({fmt(rates.get('ratio_rows_to_wall_clock'), '.3f')}x over {rates['row_pairs']} row pairs); "
+        f"result.json training/elapsed {fmt(out['ratio_training_to_elapsed'], '.3f')}x"
+    )
+    return out
+
+
+def compare_train_20m(s: Setup) -> dict[str, Any]:
+    """The train's rate against benchmark-worker's (bench-20m: the 20m preset at the reference's 32,768-token
+    updates, micro 32 and vocabulary 32,000; this train: 131,072-token updates, micro 128, vocabulary 512)."""
+    record, bench_tps = (
+        s.records.get("train-20m", {}),
+        s.records.get("bench-20m", {}).get("tokens_per_second"),
+    )
+    if not bench_tps:
+        return {}
+    out: dict[str, Any] = {"bench_20m_tokens_per_second": bench_tps}
+    for key, name in (("rows_tokens_per_second", "rows"), ("wall_clock_tokens_per_second", "wall_clock")):
+        if record.get(key):
+            out[f"ratio_{name}_to_bench_20m"] = record[key] / bench_tps
+    if record.get("training_tokens_per_second"):
+        out["ratio_training_to_bench_20m"] = record["training_tokens_per_second"] / bench_tps
+    ratio = out.get("ratio_rows_to_bench_20m", out.get("ratio_training_to_bench_20m"))
+    out["detail"] = f"{record.get('detail', '')}; {fmt(ratio, '.3f')}x bench-20m ({fmt_int(bench_tps)} tok/s)"
+    return out
+
+
+def workflow(s: Setup) -> Step:
+    """The short workflow rehearsal (benchmarks/gpu_workflow.py): tuning to selected.yaml, campaign stage 1
+    with 2 seeds, SIGTERM to the controller, the rerun. Its own timeout; it writes its JSON before it."""
+    budget = s.on(70, 1500)  # estimate (~3 s per snakemake start, ~5 s per job, 2 eager 2M-token runs)
+    output = s.work / "gpu-workflow.json"
+    argv = [
+        s.py,
+        str(REPO / "benchmarks" / "gpu_workflow.py"),
+        "--workdir",
+        str(s.work / "workflow"),
+        "--output",
+        str(output),
+        "--timeout",
+        str(budget - 6),  # its calls stop (SIGTERM, SIGKILL 5 s later) before this step's timeout
+        "--cores",
+        str(s.on(16, 2)),
+        *([] if s.gpu else ["--cpu-smoke"]),
+    ]
+    return Step(
+        "workflow",
+        "workflow rehearsal: tuning to selected.yaml, campaign stage 1 (2 seeds), SIGTERM to the controller, "
+        "the rerun (benchmarks/gpu_workflow.py)",
+        [Command("workflow", argv, budget)],
+        partial(check_workflow, s, output),
+        min_seconds=s.on(40, 60),
+    )
+
+
+def check_workflow(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = read_json(output)
+    logs = s.work / "workflow" / "logs"
+    for log in sorted(logs.glob("rehearsal-*.log")) if logs.is_dir() else []:
+        (s.out / "logs" / f"workflow.{log.name}").write_bytes(log.read_bytes())
+    if summary is None:
+        status = "timeout" if results[0].get("timed_out") else "failed"
+        return {"status": status, "error": results[0].get("error") or "no rehearsal JSON written"}
+    write_json(s.out / "workflow.rehearsal.json", summary)
+    rows = summary.get("steps") or []
+    out: dict[str, Any] = {
+        "status": "ok" if summary.get("ok") and results[0].get("rc") == 0 else "failed",
+        "rehearsal": rows,
+        "rehearsal_seconds": summary.get("seconds"),
+    }
+    out["detail"] = "; ".join(
+        f"{r['step']} {rehearsal_state(r)} {r.get('seconds')} s"
+        + (f" ({r.get('signals')} SIGTERM)" if r["step"] == "interrupt" else "")
+        for r in rows
+    )
+    if out["status"] != "ok":
+        bad = [r["step"] for r in rows if rehearsal_state(r) != "ok"]
+        out["error"] = results[0].get("error") or f"rehearsal steps failed: {bad}"
+    return out
+
+
+def rehearsal_state(row: dict[str, Any]) -> str:
+    if row.get("timed_out"):
+        return "TIMEOUT"
+    return "ok" if row.get("ok", row.get("returncode") == 0) else "FAILED"
+
+
+# The peers at 20m, the reference shape (32,768-token updates, micro 32): the library against transformers
+# compiled (goal >= 1.3x); the CPU smoke compares transformers eager at the tiny shape. All four peers:
+# benchmarks/peers.py without --peers.
+PEERS = {"gpu": ("library", "transformers-compiled"), "cpu-smoke": ("library", "transformers")}
+
+
+def peers(s: Setup) -> Step:
+    """benchmarks/peers.py, one process per peer (each its own timeout): same weights, batches, protocol."""
+    if s.gpu:
+        shape = ["--config", "20m", *sets("runtime.device=cuda", "training.batch_tokens=32768"),
+                 *sets("training.micro_batch_size=32"), "--threads", "8"]  # fmt: skip
+        protocol = ["--warmup", "3", "--steps", "10", "--windows", "3"]
+    else:
+        shape = ["--config", "tiny", *sets("runtime.device=cpu"), "--threads", "2"]
+        protocol = ["--warmup", "1", "--steps", "1", "--windows", "1"]
+    script = str(REPO / "benchmarks" / "peers.py")
+    cmds = [
+        # estimate: a process start and a 20m compile (~19 s) each; not measured yet
+        Command(f"peers.{name}", [s.py, script, *shape, *protocol, "--peers", name], s.on(33, 300))
+        for name in PEERS[s.mode]
+    ]
+    return Step(
+        "peers",
+        f"benchmarks/peers.py at 20m, 32,768-token updates: {' vs '.join(PEERS[s.mode])}",
+        cmds,
+        partial(check_peers, s),
+        min_seconds=s.on(30, 20),
+    )
+
+
+def check_peers(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    per: dict[str, Any] = {}
+    errors = []
+    for name, result in zip(PEERS[s.mode], results, strict=False):
+        data = None
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            data = json.loads(Path(result["stdout_log"]).read_text())["peers"][name]
+        if data is None:
+            errors.append(f"{name}: {result.get('error') or result.get('skipped') or 'no JSON'}")
+        per[name] = data
+    library = (per.get("library") or {}).get("tokens_per_second")
+    for data in per.values():
+        if data and library:
+            data["library_speedup"] = library / data["tokens_per_second"]
+    other = PEERS[s.mode][1]
+    speedup = (per.get(other) or {}).get("library_speedup")
+    out: dict[str, Any] = {
+        "status": "failed" if errors else "ok",
+        "peers": per,
+        "tokens_per_second": library,
+        "goal": "library >= 1.3x transformers compiled",
+        "library_speedup": speedup,
+        "detail": f"library {fmt(speedup, '.2f')}x {other} "
+        f"({fmt_int((per.get(other) or {}).get('tokens_per_second'))} tok/s)",
+    }
+    if errors:
+        out["error"] = "; ".join(errors)
     return out
 
 
@@ -777,8 +1179,8 @@ class Runner:
 
     @staticmethod
     def _stop(proc: subprocess.Popen) -> None:
-        """SIGTERM the command's own process group (it was started in a new session), then SIGKILL."""
-        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        """SIGTERM the command's own process group (it was started in a new session), SIGKILL 5 s later."""
+        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 3)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -792,7 +1194,7 @@ class Runner:
     def run_step(self, step: Step) -> dict[str, Any]:
         record: dict[str, Any] = {"step": step.name, "what": step.what}
         if self.dry_run:
-            print(f"# step {step.name}: {step.what}")
+            print(f"# step {step.name} (budget {step.budget:.0f} s): {step.what}")
             for cmd in step.commands:
                 print(f"timeout {cmd.timeout:.0f} {shlex.join(cmd.argv)}")
             if step.describe_during:
@@ -956,41 +1358,59 @@ def trace_attention_kernels(worker_json: Path) -> list[str] | None:
 # ----------------------------------------------------------------------------- main
 
 
-def select(all_steps: list[Step], only: str | None) -> list[Step]:
-    """The steps --only names (the data step too when a training step needs its cache); SystemExit(2) on an
-    unknown name."""
+def select(default: list[Step], more: list[Step], only: str | None) -> list[Step]:
+    """The default steps, or those --only names in the default order, then --only's other steps (the data
+    step too when a training step needs its cache); SystemExit(2) on an unknown name."""
     if not only:
-        return all_steps
+        return default
+    every = default + more
     wanted = set(only.split(","))
-    unknown = wanted - {s.name for s in all_steps}
+    unknown = wanted - {s.name for s in every}
     if unknown:
-        print(f"error: --only: unknown step(s) {sorted(unknown)}; steps: {[s.name for s in all_steps]}")
+        print(f"error: --only: unknown step(s) {sorted(unknown)}; steps: {[s.name for s in every]}")
         raise SystemExit(2)
-    if wanted & {"train-resume", "compile-mode"}:
+    if wanted & {"train-20m", "train-resume", "compile-mode"}:
         wanted.add("data")  # they train on the check's cache
     if "cuda-graph-20m" in wanted:
-        wanted.add("bench-20m")  # its figure without the graph
-    return [s for s in all_steps if s.name in wanted]
+        wanted |= {"pytest-cuda", "bench-20m"}  # its correctness, then its figure without the graph
+    return [s for s in every if s.name in wanted]
+
+
+def budget_lines(chosen: list[Step], install: float, limit: float) -> list[str]:
+    """--dry-run's closing lines: each step's budget and the sum with the install's, against the limit."""
+    steps_total = sum(step.budget for step in chosen)
+    total = install + steps_total
+    verdict = "within" if total <= limit else "OVER"
+    return [
+        "# budgets (s): install "
+        + f"{install:.0f}, "
+        + ", ".join(f"{st.name} {st.budget:.0f}" for st in chosen),
+        f"# budget sum: install {install:.0f} s + steps {steps_total:.0f} s = {total:.0f} s, {verdict} the "
+        f"{limit:.0f} s budget",
+    ]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     # Run directories, caches and traces stay out of OUT (only JSON and logs are meant to be copied back).
-    work = (
-        Path(args.work).resolve()
-        if args.work
-        else Path("/tmp") / f"tiny-llm-gpu-check.{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    # A fresh private directory (mkdtemp: an unpredictable name, 0700), never a guessable path under /tmp; a
+    # dry run only names where it would be.
+    if args.work:
+        work = Path(args.work).resolve()
+    elif args.dry_run:
+        work = Path(tempfile.gettempdir()) / "tiny-llm-gpu-check.XXXXXXXX"
+    else:
+        work = Path(tempfile.mkdtemp(prefix="tiny-llm-gpu-check."))
     deadline = time.time() + args.budget if args.deadline is None else args.deadline
     setup = Setup(args.mode, out, work)
-    chosen = select(steps(setup), args.only)
+    chosen = select(steps(setup), more_steps(setup), args.only)
     runner = Runner(out, deadline, args.dry_run)
     if args.dry_run:
-        print(
-            f"# mode {args.mode}: output {out}, work {work}; {len(chosen)} steps, budget until the deadline"
-        )
+        print(f"# mode {args.mode}: output {out}, work {work}; {len(chosen)} steps, each with its budget")
         for step in chosen:
             runner.run_step(step)
+        for line in budget_lines(chosen, args.install_seconds, args.budget):
+            print(line)
         return 0
     (out / "logs").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -1000,11 +1420,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     for step in chosen:
         setup.records[step.name] = runner.run_step(step)
+    for step in chosen:  # figures of steps that ran after it (bench-20m for the train and the CUDA graph)
+        record = setup.records[step.name]
+        if step.compare is None or record.get("status") == "skipped_budget":
+            continue
+        try:
+            record.update(step.compare())
+        except Exception as exc:  # as for a check: recorded, the summary still written
+            record["compare_error"] = f"{type(exc).__name__}: {exc}"
+        write_json(out / f"{step.name}.json", record)
     summary = {
         "mode": args.mode,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(runner.started)),
         "seconds": round(time.time() - runner.started, 1),
         "budget_deadline_missed": time.time() > deadline,
+        "budget": {
+            "limit_s": args.budget,
+            "install_s": args.install_seconds,
+            "steps_s": {step.name: step.budget for step in chosen},
+            "sum_s": args.install_seconds + sum(step.budget for step in chosen),
+        },
         "reference": {
             "tokens_per_second_gh200": REFERENCE_TOKENS_PER_SECOND,
             "packed_speedup_n4_compiled": REFERENCE_PACKED_SPEEDUP_N4,
@@ -1032,7 +1467,12 @@ def main() -> int:
     run.add_argument("--mode", choices=("gpu", "cpu-smoke"), default="gpu")
     run.add_argument("--out", default=os.environ.get("OUT") or "results/gpu-check")
     run.add_argument("--work", default=None, help="run directories, traces, data (default a new /tmp dir)")
-    run.add_argument("--budget", type=float, default=480.0, help="seconds from now for all steps")
+    run.add_argument(
+        "--budget", type=float, default=DEFAULT_BUDGET, help="seconds from the start, install included"
+    )
+    run.add_argument(
+        "--install-seconds", type=float, default=0.0, help="the install's budget (for the sum; gpu_check.sh)"
+    )
     run.add_argument("--deadline", type=float, default=None, help="absolute deadline (epoch seconds)")
     run.add_argument("--only", default=None, help="comma-separated step names")
     run.add_argument("--dry-run", action="store_true")

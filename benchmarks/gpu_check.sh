@@ -1,34 +1,38 @@
 #!/usr/bin/env bash
-# One-shot GPU check for a fresh machine with one NVIDIA GPU (about 8 minutes in all).
+# One-shot GPU check for a fresh machine with one NVIDIA GPU, sized for a short slot of GPU time: at most
+# 540 s from a bare machine, install included (the budgets of the install and of every step add up to that).
 #
-#   bash benchmarks/gpu_check.sh               # install if needed, check CUDA, run every step
+#   bash benchmarks/gpu_check.sh               # install if needed, check CUDA, run the default steps
 #   bash benchmarks/gpu_check.sh --no-install  # use the Python environment as it is
-#   bash benchmarks/gpu_check.sh --dry-run     # print every command it would run (CPU, nothing executed)
+#   bash benchmarks/gpu_check.sh --dry-run     # print every command with its budget and the sum (CPU, nothing run)
 #   bash benchmarks/gpu_check.sh --cpu-smoke   # the same steps with tiny settings on the CPU (proves the parsing)
 #
-# Options: --budget SECONDS (default 480, counted from the start, install included), --only STEP[,STEP...]
-# (env, data, bench-20m, bench-50m, bench-90m, cuda-graph-20m, packed-n4, train-resume, compile-mode,
-# kernel-math, kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY.
+# Options: --budget SECONDS (default 540, counted from the start, install included; 3600 with --cpu-smoke),
+# --only STEP[,STEP...] (the default steps, or packed-n4, train-resume, compile-mode, kernel-math,
+# kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY.
 #
-# Steps: 20m/50m/90m benchmark worker at the reference settings (synthetic, 32,768-token updates, compiled,
-# micro 32, bf16) against the GH200 figures; 20m again with the whole update as one CUDA graph; packed vs
-# sequential N=4 (20m shape); a short CUDA train interrupted by SIGTERM, resumed with --resume auto, and
-# evaluate --full against its result.json; every forced SDPA kernel; compile_mode reduce-overhead vs default
-# with 4 microbatches per update. One line per step; one JSON per step, summary.json and every command's
-# stdout/stderr under $OUT, or results/gpu-check/ when OUT is unset.
-# A failed or timed-out step is recorded and the next one runs; each command has its own timeout.
+# Default steps, least known first, budget in s: env 8 (torch/CUDA, nvidia-smi); pytest-cuda 30 (pytest -m cuda
+# tests/unit, pass/fail counts); data 20 (demo corpus, 512-token BPE, cache); train-20m 45 (one default-recipe
+# 20m train: rows' tokens/s vs the updates' wall clock and bench-20m); cuda-graph-20m 40 (graph tests' outcome,
+# then bench-20m with the whole update as one CUDA graph); workflow 70 (benchmarks/gpu_workflow.py: tuning to
+# selected.yaml, campaign stage 1 with 2 seeds, SIGTERM to the controller, rerun); bench-20m/50m/90m 40/42/50
+# (benchmark worker at the reference settings against the GH200 figures); peers 66 (benchmarks/peers.py:
+# library vs transformers compiled). Install 125: import check 15, torch 70, the package 30, CUDA check 10.
+# One line per step; one JSON per step, summary.json and every command's stdout/stderr under $OUT, or
+# results/gpu-check/ when OUT is unset. A failed or timed-out step is recorded and the next one runs; a step
+# the budget cut off is recorded as skipped_budget.
 set -u -o pipefail
 
 START=$(date +%s)
 DRY_RUN=0
 CPU_SMOKE=0
 NO_INSTALL=0
-BUDGET=480
+BUDGET=""
 ONLY=""
 PY="${PYTHON:-}"
 TORCH_PIN="torch==2.13.0"  # envs/torch.yaml
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set /p' "$0" | sed -n 's/^# \{0,1\}//p'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,26 +59,38 @@ OUT_DIR="${OUT:-$REPO/results/gpu-check}"
 MODE=gpu
 [ "$CPU_SMOKE" = 1 ] && MODE=cpu-smoke
 [ "$CPU_SMOKE" = 1 ] && [ -z "${OUT:-}" ] && OUT_DIR="$REPO/results/gpu-check-cpu-smoke"
+if [ -z "$BUDGET" ]; then
+    BUDGET=540
+    [ "$CPU_SMOKE" = 1 ] && BUDGET=3600  # 2 CPU cores: the workflow rehearsal alone takes minutes
+fi
 DEADLINE=$((START + BUDGET))
 
-RUN_ARGS=(benchmarks/gpu_check.py run --mode "$MODE" --out "$OUT_DIR" --deadline "$DEADLINE")
-[ -n "$ONLY" ] && RUN_ARGS+=(--only "$ONLY")
-
+# The install's budget (s): the import check, the two pip commands, the CUDA check. On a fast network; not
+# measured on a bare machine (the H200 the figures come from had torch installed and no network).
+IMPORT_TIMEOUT=15
+CUDA_TIMEOUT=10
 INSTALL_CMDS=(
-    "timeout 240 $PY -m pip install $TORCH_PIN"
-    "timeout 180 $PY -m pip install -e .[demo]"
+    "timeout 70 $PY -m pip install $TORCH_PIN"
+    "timeout 30 $PY -m pip install -e .[dev]"
 )
-# The data step builds the embedded demo corpus from the gensim wheel's files (the demo extra).
-IMPORT_CHECK="import torch, tiny_llm, numpy, yaml, tokenizers, safetensors, datasets, gensim"
+INSTALL_SECONDS=$((IMPORT_TIMEOUT + 70 + 30 + CUDA_TIMEOUT))
+# The data step builds the demo corpus from the gensim wheel's files (demo extra), the workflow step runs
+# snakemake (workflow extra), pytest-cuda pytest, the peers transformers: the dev extra has them all.
+IMPORT_CHECK="import torch, tiny_llm, numpy, yaml, tokenizers, safetensors, datasets, gensim, snakemake, pytest"
+IMPORT_CHECK="$IMPORT_CHECK, transformers"
+CUDA_CHECK='import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'
+
+RUN_ARGS=(benchmarks/gpu_check.py run --mode "$MODE" --out "$OUT_DIR" --deadline "$DEADLINE" --budget "$BUDGET"
+    --install-seconds "$INSTALL_SECONDS")
+[ -n "$ONLY" ] && RUN_ARGS+=(--only "$ONLY")
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "# gpu_check --dry-run: mode $MODE, output $OUT_DIR, budget ${BUDGET} s; nothing is executed"
-    echo "# install (skipped with --no-install/--cpu-smoke, or when '$PY -c \"$IMPORT_CHECK\"' already works):"
+    echo "# install (budget ${INSTALL_SECONDS} s; skipped with --no-install/--cpu-smoke, or when the import check works):"
+    echo "timeout $IMPORT_TIMEOUT $PY -c \"$IMPORT_CHECK\""
     for c in "${INSTALL_CMDS[@]}"; do echo "$c"; done
-    if [ "$MODE" = gpu ]; then
-        echo "# CUDA check (stops with a clear line if CUDA is not available):"
-        echo "timeout 120 $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'"
-    fi
+    echo "# CUDA check (gpu mode; stops with a clear line if CUDA is not available):"
+    echo "timeout $CUDA_TIMEOUT $PY -c '$CUDA_CHECK'"
     # The steps are listed by the same code that runs them (standard library only, no torch needed).
     exec "$PY" "${RUN_ARGS[@]}" --dry-run
 fi
@@ -85,7 +101,7 @@ echo "gpu_check: mode $MODE, python $(command -v "$PY"), output $OUT_DIR, budget
 # ------------------------------------------------------------------ install (skippable)
 if [ "$NO_INSTALL" = 1 ] || [ "$CPU_SMOKE" = 1 ]; then
     echo "[install] skipped (--no-install / --cpu-smoke)"
-elif timeout 120 "$PY" -c "$IMPORT_CHECK" >"$OUT_DIR/logs/install.check.log" 2>&1; then
+elif timeout "$IMPORT_TIMEOUT" "$PY" -c "$IMPORT_CHECK" >"$OUT_DIR/logs/install.check.log" 2>&1; then
     echo "[install] skipped: torch and tiny_llm already import ($("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null))"
 else
     i=0
@@ -103,8 +119,7 @@ fi
 
 # ------------------------------------------------------------------ CUDA check
 if [ "$MODE" = gpu ]; then
-    if ! timeout 120 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
-        >"$OUT_DIR/logs/cuda.check.log" 2>&1; then
+    if ! timeout "$CUDA_TIMEOUT" "$PY" -c "$CUDA_CHECK" >"$OUT_DIR/logs/cuda.check.log" 2>&1; then
         echo "gpu_check: CUDA is not available to $PY (torch.cuda.is_available() is False or torch does not import;" \
             "see $OUT_DIR/logs/cuda.check.log) - stopping. Use --cpu-smoke for a CPU run."
         tail -n 3 "$OUT_DIR/logs/cuda.check.log" | sed 's/^/    /'

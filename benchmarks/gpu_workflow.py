@@ -1,27 +1,32 @@
 """Workflow rehearsal on one GPU: the `snakemake` users run, at a small config of the full-scale kind.
 
-Steps, each one `snakemake` call in one working directory (one line printed per step, JSON at the end):
+The short rehearsal (the default; `benchmarks/gpu_check.sh` runs it as its `workflow` step), each step one
+`snakemake` call in one working directory, one line printed per step, JSON at the end:
 
-1. `tuning`: a short h200 tuning profile of the 20m size, through to `results/h200-tuning/selected.yaml`;
-2. `campaign`: campaign stage 1 at a few million tokens (one recipe, 2 seeds), taking the tuned settings;
-3. `packed`: a packed 20m run (`results/packed/packed4-20m/result.json`);
-4. `export`: the campaign's best 20m run exported (`export` target);
-5. `analysis`: the second-order analysis of that run at its final state (`analysis` target, small S and R);
-Between steps 3 and 4 (export would train it otherwise):
-`interrupt`: a plain 20m run started, SIGTERM to the snakemake controller once its training job has started
-(again every 10 s until it exits: a signal in Snakemake's first seconds can be lost); `rerun`: the same target
-again, which must complete.
-Then `eval_speed` (evaluation eager vs compiled at 20m, `benchmarks/eval_speed.py`) and `peers`
-(`benchmarks/peers.py` at 20m, 32,768-token updates), their JSON kept in the summary.
+1. `tuning`: a short h200 tuning profile of the size `s` (one eager micro batch, no attention or compile-mode
+   variants; on a GPU the tuner's CUDA-graph stage, where it has one, adds a second candidate), through to
+   `results/h200-tuning/selected.yaml`;
+2. `interrupt`: campaign stage 1 (one recipe, 2 seeds) taking the tuned settings, SIGTERM to the snakemake
+   controller once one of its training jobs has written a train row (again every 10 s until it exits: a
+   signal in Snakemake's first seconds can be lost);
+3. `rerun`: the `campaign` target again, which must complete (the interrupted run resumes).
 
-The data is the embedded demo corpus with its own 4,096-token tokenizer (the GPU machine has no network), so
-the 20m model runs with vocabulary 4,096 and repeats its data (`training.data_passes`).
+`--full` adds the rest of the rehearsal: a packed run, the `export` and `analysis` targets (the campaign's
+best run), then `eval_speed` (evaluation eager vs compiled, `benchmarks/eval_speed.py`) and `peers`
+(`benchmarks/peers.py`), their JSON kept in the summary.
+
+`--timeout SECONDS` bounds the whole rehearsal: each call gets what is left, a call past it is stopped
+(SIGTERM to its process group, SIGKILL 5 s later) and recorded as timed out, and the JSON is written anyway.
+
+The data is the embedded demo corpus with its own tokenizer (the GPU machine has no network): on the GPU the
+size `s` is the 20m preset at vocabulary 4,096 (~2M tokens, `training.data_passes` 4); the candidates are
+eager, so the campaign's runs (which take the tuned settings) start without compiling.
 
 Modes: `--dry-run` writes the config and runs `snakemake -n` for every step's targets (no training; CPU is
-enough); `--cpu-smoke` runs every step for real at the demo-s size on the CPU (a CPU tuning profile, no GPU).
+enough); `--cpu-smoke` runs every step for real at the `tiny` shape on the CPU (a CPU tuning profile).
 
 Example:
-    python benchmarks/gpu_workflow.py --workdir /tmp/gpu-workflow --output gpu-workflow.json
+    python benchmarks/gpu_workflow.py --workdir /tmp/gpu-workflow --output gpu-workflow.json --timeout 70
     python benchmarks/gpu_workflow.py --workdir /tmp/gpu-workflow --dry-run
 """
 
@@ -44,29 +49,31 @@ REPO = Path(__file__).resolve().parents[1]
 
 def sizes(kind: str) -> dict[str, Any]:
     if kind == "cpu":
-        short = {"tokens_per_parameter": 0.5, "epoch_tokens_per_parameter": 0.25}
-        return {"s": {"preset": "demo-s", "threads": 1, "mem_mb": 2000, "runtime_minutes": 10,
+        short = {"tokens_per_parameter": 0.25, "epoch_tokens_per_parameter": 0.125}  # 32 updates, 2 epochs
+        return {"s": {"preset": "tiny", "threads": 1, "mem_mb": 2000, "runtime_minutes": 10,
                       "overrides": {"training": short}}}  # fmt: skip
-    # ~21M parameters at vocabulary 4,096: 0.15 tokens per parameter is ~3M tokens in 2 epochs
-    short = {"tokens_per_parameter": 0.15, "epoch_tokens_per_parameter": 0.075, "data_passes": 4,
+    # ~21M parameters at vocabulary 4,096: 0.1 tokens per parameter is ~2M tokens (64 updates) in 2 epochs
+    short = {"tokens_per_parameter": 0.1, "epoch_tokens_per_parameter": 0.05, "data_passes": 4,
              "micro_batch_size": 32}  # fmt: skip
     return {"s": {"preset": "20m", "threads": 8, "mem_mb": 64000, "runtime_minutes": 30,
                   "overrides": {"model": {"vocab_size": 4096}, "training": short}}}  # fmt: skip
 
 
 def tuning_profile(kind: str) -> dict[str, Any]:
+    """One eager stage-1 candidate, no attention or compile-mode variants: the tuner's files, not a search."""
     if kind == "cpu":
         return {"size": "s", "space": "cpu", "budget_minutes": 2, "candidate_timeout_seconds": 90,
-                "min_start_seconds": 10, "warmup": 1, "steps": 2, "windows": 2,
-                "stage1": [[8, False], [16, False]], "threads": [1]}  # fmt: skip
-    return {"size": "s", "space": "gpu", "require_gpu_name": "NVIDIA H200", "budget_minutes": 3,
-            "candidate_timeout_seconds": 120, "min_start_seconds": 20, "warmup": 5, "steps": 10, "windows": 2,
-            "stage1": [[8, True], [16, True], [32, True]]}  # fmt: skip
+                "min_start_seconds": 5, "warmup": 1, "steps": 2, "windows": 2,
+                "stage1": [[16, False]], "attention_variants": [], "cpu_amp_variants": [],
+                "threads": []}  # fmt: skip
+    return {"size": "s", "space": "gpu", "budget_minutes": 1, "candidate_timeout_seconds": 30,
+            "min_start_seconds": 5, "warmup": 2, "steps": 5, "windows": 2,
+            "stage1": [[32, False]], "attention_variants": [], "compile_modes": []}  # fmt: skip
 
 
 def workflow_config(kind: str) -> dict[str, Any]:
-    """The rehearsal's workflow config: one size `s` (20m on the GPU, demo-s on the CPU), profile `h200`."""
-    batch = 4096 if kind == "cpu" else 32768
+    """The rehearsal's workflow config: one size `s` (20m on the GPU, tiny on the CPU), profile `h200`."""
+    batch = 1024 if kind == "cpu" else 32768
     return {
         "data": {
             "corpus": "embedded",
@@ -76,7 +83,6 @@ def workflow_config(kind: str) -> dict[str, Any]:
         },  # fmt: skip
         "sizes": sizes(kind),
         "recipe_defaults": {"training": {"checkpoint_policy": "interval", "checkpoint_every": 20}},
-        "runs": {"s-plain": {"size": "s", "overrides": {"training": {"batch_tokens": batch}}}},
         "campaign": {
             "enabled": False,
             "stages": [
@@ -93,7 +99,7 @@ def workflow_config(kind: str) -> dict[str, Any]:
         },
         "packed": {
             "runs": {
-                "packed4-s": {"size": "s", "preset": "packed4-20m-awc" if kind == "gpu" else "packed4-demo"}
+                "packed4-s": {"size": "s", "preset": "packed4-20m-awc" if kind == "gpu" else "packed4-tiny"}
             }
         },  # fmt: skip
         "export": {"prompts": ["The history of the city"], "sampling": {"max_new_tokens": 16, "seed": 0}},
@@ -106,14 +112,13 @@ def workflow_config(kind: str) -> dict[str, Any]:
     }
 
 
-STEPS: list[tuple[str, list[str]]] = [
-    ("tuning", ["results/h200-tuning/selected.yaml"]),
-    ("campaign", ["campaign"]),
+TUNING = ["results/h200-tuning/selected.yaml"]
+CAMPAIGN = ["campaign"]
+FULL_STEPS: list[tuple[str, list[str]]] = [
     ("packed", ["results/packed/packed4-s/result.json"]),
     ("export", ["export"]),
     ("analysis", ["analysis"]),
 ]
-INTERRUPTED_TARGET = ["results/runs/s-plain/result.json"]
 
 
 def snakemake(workdir: Path, config: Path, cores: int, gpu: bool, *extra: str) -> list[str]:
@@ -130,22 +135,60 @@ def snakemake(workdir: Path, config: Path, cores: int, gpu: bool, *extra: str) -
     return cmd + (["--resources", "gpu=1"] if gpu else []) + list(extra)
 
 
-def run_step(name: str, cmd: list[str], log: Path) -> dict[str, Any]:
+class Clock:
+    """The rehearsal's deadline: what each call may still take."""
+
+    def __init__(self, timeout: float | None):
+        self.start = time.perf_counter()
+        self.deadline = None if timeout is None else self.start + timeout
+
+    def left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the call's process group (snakemake and its jobs), SIGKILL what is left 5 s later."""
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 3)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_step(name: str, cmd: list[str], log: Path, clock: Clock) -> dict[str, Any]:
     start = time.perf_counter()
+    left = clock.left()
+    timed_out = False
+    if left is not None and left < 1:
+        row = {"step": name, "returncode": None, "seconds": 0.0, "timed_out": True, "log": str(log)}
+        print(f"{name}: SKIPPED (the rehearsal's timeout was reached)", flush=True)
+        return row
     with open(log, "w") as out:
-        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(left)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stop(proc)
     row = {
         "step": name,
-        "returncode": code,
+        "returncode": proc.returncode,
         "seconds": round(time.perf_counter() - start, 1),
+        "timed_out": timed_out,
         "log": str(log),
     }
-    print(f"{name}: {'ok' if code == 0 else 'FAILED'} in {row['seconds']} s (log {log})", flush=True)
+    state = "TIMED OUT" if timed_out else "ok" if proc.returncode == 0 else "FAILED"
+    print(f"{name}: {state} in {row['seconds']} s (log {log})", flush=True)
     return row
 
 
 def bench_commands(kind: str) -> dict[str, list[str]]:
-    """Evaluation eager vs compiled and the peers, at 20m on the GPU (demo-s on the CPU)."""
+    """Evaluation eager vs compiled and the peers, at 20m on the GPU (demo-s on the CPU); --full only."""
     if kind == "cpu":
         shape = [
             "--config",
@@ -169,50 +212,75 @@ def bench_commands(kind: str) -> dict[str, list[str]]:
     }
 
 
-def bench_step(name: str, cmd: list[str], log: Path) -> dict[str, Any]:
+def bench_step(name: str, cmd: list[str], log: Path, clock: Clock) -> dict[str, Any]:
     """A benchmark script's JSON (its stdout) as the step's result."""
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    log.write_text(done.stderr)
-    row: dict[str, Any] = {"step": name, "returncode": done.returncode, "log": str(log)}
+    row: dict[str, Any] = {"step": name, "log": str(log), "timed_out": False}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=clock.left())
+        log.write_text(done.stderr)
+        row["returncode"] = done.returncode
+        if done.returncode == 0:
+            row["result"] = json.loads(done.stdout)
+    except subprocess.TimeoutExpired:
+        row.update(returncode=None, timed_out=True)
     row["seconds"] = round(time.perf_counter() - start, 1)
-    if done.returncode == 0:
-        row["result"] = json.loads(done.stdout)
-    print(f"{name}: {'ok' if done.returncode == 0 else 'FAILED'} in {row['seconds']} s", flush=True)
+    print(f"{name}: {'ok' if row['returncode'] == 0 else 'FAILED'} in {row['seconds']} s", flush=True)
     return row
 
 
-def interrupt_step(cmd: list[str], workdir: Path, logs: Path, timeout: float) -> dict[str, Any]:
-    """Start the controller, SIGTERM it once the training job's log exists, wait until it exits."""
+def campaign_train_rows(workdir: Path) -> int:
+    """Train rows written so far by the campaign's runs (their metrics.jsonl files)."""
+    rows = 0
+    for path in (workdir / "results" / "campaign").glob("**/metrics.jsonl"):
+        try:
+            rows += sum('"event": "train"' in line for line in path.read_text().splitlines())
+        except OSError:
+            continue
+    return rows
+
+
+def interrupt_step(cmd: list[str], workdir: Path, logs: Path, clock: Clock) -> dict[str, Any]:
+    """Start the controller, SIGTERM it once a training job has written a train row, wait until it exits."""
     start = time.perf_counter()
-    started = workdir / "logs" / "train_run"
+    left = clock.left()
+    until = None if left is None else start + left
     log = logs / "rehearsal-interrupt.log"
+
+    def in_time() -> bool:
+        return until is None or time.perf_counter() < until
+
+    signals = 0
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        while (
-            proc.poll() is None and not any(started.glob("*.log")) and time.perf_counter() - start < timeout
-        ):
-            time.sleep(1)
-        time.sleep(5)  # a few updates into the job
-        signals = 0
-        while proc.poll() is None and time.perf_counter() - start < timeout:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while proc.poll() is None and not campaign_train_rows(workdir) and in_time():
+            time.sleep(0.5)
+        rows_at_signal = campaign_train_rows(workdir)
+        while proc.poll() is None and in_time():
             proc.send_signal(signal.SIGTERM)
             signals += 1
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 continue
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    state = next(iter((workdir / "results" / "runs" / "s-plain").glob("latest.pt")), None)
+        timed_out = proc.poll() is None
+        if timed_out:
+            stop(proc)
+    saved = sorted(str(p.relative_to(workdir)) for p in (workdir / "results").glob("campaign/**/latest.pt"))
     row = {"step": "interrupt", "returncode": proc.returncode, "signals": signals,
-           "seconds": round(time.perf_counter() - start, 1), "state_saved": state is not None,
-           "log": str(log)}  # fmt: skip
-    ok = proc.returncode != 0 and signals > 0
-    print(f"interrupt: {'ok' if ok else 'FAILED'} (exit {proc.returncode} after {signals} SIGTERM, "
-          f"state saved: {state is not None}) in {row['seconds']} s", flush=True)  # fmt: skip
+           "train_rows_at_signal": rows_at_signal, "seconds": round(time.perf_counter() - start, 1),
+           "timed_out": timed_out, "state_saved": saved, "log": str(log)}  # fmt: skip
+    row["ok"] = proc.returncode != 0 and signals > 0 and not timed_out
+    print(f"interrupt: {'ok' if row['ok'] else 'FAILED'} (exit {proc.returncode} after {signals} SIGTERM, "
+          f"{rows_at_signal} train rows, states saved: {len(saved)}) in {row['seconds']} s",
+          flush=True)  # fmt: skip
     return row
+
+
+def resumed_runs(workdir: Path) -> list[str]:
+    """Campaign runs whose last session resumed a saved state (the trainer writes environment-resume.json)."""
+    runs = (workdir / "results" / "campaign").glob("**/environment-resume.json")
+    return sorted(str(p.parent.relative_to(workdir)) for p in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,14 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True, help="working directory (results/ and logs/)")
     parser.add_argument("--output", type=Path, help="JSON of the steps (default WORKDIR/gpu-workflow.json)")
     parser.add_argument("--cores", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds for the whole rehearsal")
     parser.add_argument(
-        "--step-timeout", type=float, default=600, help="seconds before the interrupt gives up"
+        "--full", action="store_true", help="also packed, export, analysis, eval_speed, peers"
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="snakemake -n for every step; no training")
-    mode.add_argument("--cpu-smoke", action="store_true", help="every step for real at demo-s on the CPU")
+    mode.add_argument("--cpu-smoke", action="store_true", help="every step for real at `tiny` on the CPU")
     args = parser.parse_args(argv)
     kind = "cpu" if args.cpu_smoke or args.dry_run else "gpu"
+    clock = Clock(args.timeout)
+    # The jobs' `python -m tiny_llm` is this interpreter's, on this checkout (as gpu_workflow.sh sets it).
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     args.workdir.mkdir(parents=True, exist_ok=True)
     logs = args.workdir / "logs"
     logs.mkdir(exist_ok=True)
@@ -236,20 +309,24 @@ def main(argv: list[str] | None = None) -> int:
         yaml.safe_dump(workflow_config("gpu" if not args.cpu_smoke else "cpu"), sort_keys=False)
     )
     base = snakemake(args.workdir, config, args.cores, gpu=kind == "gpu")
+    targets = [("tuning", TUNING), ("campaign", CAMPAIGN), *(FULL_STEPS if args.full else [])]
     rows = []
     if args.dry_run:
-        for name, targets in [*STEPS, ("plain", INTERRUPTED_TARGET)]:
-            rows.append(run_step(name, [*base, "-n", *targets], logs / f"rehearsal-{name}.log"))
-    for name, targets in STEPS if not args.dry_run else []:
-        if name == "export":  # the plain run is interrupted and rerun first: export would train it
-            rows.append(interrupt_step([*base, *INTERRUPTED_TARGET], args.workdir, logs, args.step_timeout))
-            rows.append(run_step("rerun", [*base, *INTERRUPTED_TARGET], logs / "rehearsal-rerun.log"))
-        rows.append(run_step(name, [*base, *targets], logs / f"rehearsal-{name}.log"))
-    for name, cmd in bench_commands(kind).items() if not args.dry_run else []:
-        rows.append(bench_step(name, cmd, logs / f"rehearsal-{name}.log"))
-    ok = all(r["returncode"] == 0 for r in rows if r["step"] != "interrupt")
+        for name, target in targets:
+            rows.append(run_step(name, [*base, "-n", *target], logs / f"rehearsal-{name}.log", clock))
+    else:
+        rows.append(run_step("tuning", [*base, *TUNING], logs / "rehearsal-tuning.log", clock))
+        rows.append(interrupt_step([*base, *CAMPAIGN], args.workdir, logs, clock))
+        rows.append(run_step("rerun", [*base, *CAMPAIGN], logs / "rehearsal-rerun.log", clock))
+        rows[-1]["resumed_runs"] = resumed_runs(args.workdir)
+        for name, target in FULL_STEPS if args.full else []:
+            rows.append(run_step(name, [*base, *target], logs / f"rehearsal-{name}.log", clock))
+        for name, cmd in bench_commands(kind).items() if args.full else []:
+            rows.append(bench_step(name, cmd, logs / f"rehearsal-{name}.log", clock))
+    ok = all(r.get("ok", r["returncode"] == 0) for r in rows)
     summary = {"mode": "dry-run" if args.dry_run else kind, "workdir": str(args.workdir), "ok": ok,
-               "seconds": round(sum(r["seconds"] for r in rows), 1), "steps": rows}  # fmt: skip
+               "full": args.full, "timeout_s": args.timeout,
+               "seconds": round(time.perf_counter() - clock.start, 1), "steps": rows}  # fmt: skip
     output = args.output or args.workdir / "gpu-workflow.json"
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
