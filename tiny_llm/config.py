@@ -554,6 +554,12 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
             f"runtime.sdpa_backend: '{rt.sdpa_backend}' has no effect with the reference attention "
             "(runtime.attention_backend reference or runtime.deterministic); leave it at auto"
         )
+    elif rt.sdpa_backend in ("flash", "cudnn") and not rt.amp and rt.device != "cpu":
+        # On the CPU the device check refuses them anyway (GPU-only kernels), with its own message.
+        problems.append(
+            f"runtime.sdpa_backend: '{rt.sdpa_backend}' takes only FP16/BF16 inputs, and runtime.amp is "
+            "false (FP32 attention); set runtime.amp true, or use efficient or math (they take FP32)"
+        )
     problems += _cuda_graph_problems(recipe)
     problems += _packed_problems(recipe)
     return problems

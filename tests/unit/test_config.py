@@ -84,6 +84,40 @@ def test_bad_config_is_rejected_with_the_key(sets: list[str], message: str) -> N
         load_recipe(["tiny"], sets)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+@pytest.mark.parametrize("device", ["auto", "cuda", "cuda:1"])
+def test_a_forced_half_precision_kernel_needs_amp(kernel: str, device: str) -> None:
+    """flash and cudnn take only FP16/BF16 inputs: without runtime.amp the first CUDA update would fail."""
+    sets = [f"runtime.device={device}", f"runtime.sdpa_backend={kernel}"]
+    with pytest.raises(ConfigError) as info:
+        load_recipe(["tiny"], [*sets, "runtime.amp=false"])
+    (line,) = str(info.value).removeprefix("invalid recipe: ").splitlines()
+    assert line.startswith(f"runtime.sdpa_backend: '{kernel}' takes only FP16/BF16") and "runtime.amp" in line
+    assert load_recipe(["tiny"], [*sets, "runtime.amp=true"]).runtime.sdpa_backend == kernel
+    for fp32_kernel in ("efficient", "math", "auto"):  # these take FP32 inputs
+        load_recipe(["tiny"], [f"runtime.device={device}", f"runtime.sdpa_backend={fp32_kernel}"])
+
+
+def test_the_amp_check_leaves_irrelevant_and_cpu_kernels_to_their_own_checks() -> None:
+    """With the reference attention the forced kernel never runs (its own problem says so); on the CPU the
+    device check refuses a GPU-only kernel when the run starts."""
+    for ignored in ("runtime.attention_backend=reference", "runtime.deterministic=true"):
+        with pytest.raises(ConfigError) as info:
+            load_recipe(["tiny"], ["runtime.device=cuda", "runtime.sdpa_backend=flash", ignored])
+        assert "has no effect with the reference attention" in str(info.value)
+        assert "FP16/BF16" not in str(info.value)
+    assert load_recipe(["tiny"], ["runtime.sdpa_backend=flash"]).runtime.device == "cpu"
+
+
+def test_no_shipped_preset_forces_a_half_precision_kernel_without_amp() -> None:
+    from importlib import resources
+
+    for path in (resources.files("tiny_llm") / "presets").iterdir():
+        if path.name.endswith(".yaml"):
+            runtime = load_recipe([str(path)]).runtime
+            assert runtime.amp or runtime.sdpa_backend not in ("flash", "cudnn"), path.name
+
+
 def test_bad_set_syntax_and_unknown_preset() -> None:
     with pytest.raises(ConfigError, match="--set expects dotted.key=value"):
         load_recipe(["tiny"], ["optimizer.lr"])

@@ -1,7 +1,10 @@
-"""Compiled evaluation (hidden states + chunked fused loss) against the eager path it replaces."""
+"""Compiled evaluation (hidden states + chunked fused loss) against the eager path it replaces; where it
+compiles (CUDA, not the CPU), that it compiles once per process and keeps no model alive."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,8 +35,16 @@ def recipe_with(cache: Path, recipe_args: Callable[[Path], list[str]], *sets: st
     return load_recipe(["tiny"], [*recipe_args(cache), "runtime.cpu_threads=1", *sets])
 
 
+@pytest.fixture
+def compiled_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled evaluation on the CPU too (it runs only on CUDA), with a compile cache of its own."""
+    monkeypatch.setattr(evaluate, "COMPILED_DEVICE_TYPES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(evaluate, "_COMPILED", {})
+    torch._dynamo.reset()  # no compiled code (or recompile count) of another test's on these functions
+
+
 # slow: a first compile of the evaluation builds about 34 C++ kernels (some 40 s of CPU with an empty
-# inductor cache); the compiled path's bookkeeping is fast-tier (test_evaluation_compiles_once_per_model...)
+# inductor cache); the compiled path's bookkeeping is fast-tier (test_evaluation_compiles_once_per_process...)
 @pytest.mark.slow
 @pytest.mark.parametrize("full", [False, True], ids=["subset", "full"])
 def test_compiled_evaluation_gives_the_eager_losses(
@@ -42,6 +53,7 @@ def test_compiled_evaluation_gives_the_eager_losses(
     weights: Path,
     full: bool,
     monkeypatch: pytest.MonkeyPatch,
+    compiled_on_cpu: None,
 ) -> None:
     # 100-row chunks: uneven chunks (1,024 = 10 x 100 + 24 positions per batch) and a padded last batch.
     monkeypatch.setitem(evaluate.CHUNK_ELEMENTS, "cpu", 100 * 512)
@@ -57,7 +69,7 @@ def test_compiled_evaluation_gives_the_eager_losses(
 
 @pytest.mark.slow  # compiles the evaluation under autocast: about 20 s with an empty inductor cache
 def test_compiled_evaluation_under_bf16_autocast(
-    tiny_cache: Path, tiny_recipe_args: Callable[[Path], list[str]], weights: Path
+    tiny_cache: Path, tiny_recipe_args: Callable[[Path], list[str]], weights: Path, compiled_on_cpu: None
 ) -> None:
     sets = ["runtime.cpu_amp=true", "evaluation.subset_blocks=24"]
     eager = evaluate_checkpoint(recipe_with(tiny_cache, tiny_recipe_args, *sets), weights, full=False)
@@ -86,18 +98,105 @@ def test_chunked_losses_are_the_per_target_losses_and_ignore_padding() -> None:
     assert padded.double().sum().item() == pytest.approx(expected.double().sum().item(), rel=1e-7)
 
 
+CUDA = torch.device("cuda")  # compiled_losses reads only the device's type: no GPU is needed
+
+
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [("default", None), ("reduce-overhead", None), ("max-autotune", "max-autotune-no-cudagraphs")],
 )
-def test_evaluation_compiles_once_per_model_and_never_with_cuda_graphs(
+def test_evaluation_compiles_once_per_process_and_never_with_cuda_graphs(
     monkeypatch: pytest.MonkeyPatch, mode: str, expected: str | None
 ) -> None:
     seen: list[str | None] = []
-    monkeypatch.setattr(evaluate.torch, "compile", lambda fn, mode=None: seen.append(mode) or fn)
+    monkeypatch.setattr(
+        evaluate.torch, "compile", lambda fn, mode=None, dynamic=None: seen.append(mode) or fn
+    )
+    monkeypatch.setattr(evaluate, "_COMPILED", {})
     recipe = load_recipe(["tiny"], ["runtime.compile=true", f"runtime.compile_mode={mode}"])
-    model = Llama(recipe.model)
-    first = evaluate.compiled_losses(model, recipe, torch.device("cpu"))
-    assert evaluate.compiled_losses(model, recipe, torch.device("cpu")) is first and seen == [expected]
+    first = evaluate.compiled_losses(Llama(recipe.model), recipe, CUDA)
+    again = evaluate.compiled_losses(Llama(recipe.model), recipe, CUDA)  # another model: the same function
+    assert first is not None and again is not None and first.func is again.func and seen == [expected]
     eager = load_recipe(["tiny"], ["runtime.compile=true", "runtime.deterministic=true"])
-    assert evaluate.compiled_losses(Llama(eager.model), eager, torch.device("cpu")) is None
+    assert evaluate.compiled_losses(Llama(eager.model), eager, CUDA) is None
+
+
+def test_evaluation_on_the_cpu_is_eager_under_runtime_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU a run's compiles cost more than the compiled loss saves (benchmarks/README.md)."""
+    compiles: list[object] = []
+    monkeypatch.setattr(evaluate.torch, "compile", lambda *a, **k: compiles.append(a))
+    recipe = load_recipe(["tiny"], ["runtime.compile=true", "evaluation.batch_size=4"])
+    model = Llama(recipe.model)
+    assert evaluate.compiled_losses(model, recipe, torch.device("cpu")) is None
+    blocks = torch.randint(0, 512, (6, 65))
+    loss, count = evaluate.evaluate_batches(
+        model, evaluate.subset_batches(blocks, 4), recipe, torch.device("cpu")
+    )
+    assert count == 6 * 64 and loss > 0 and compiles == []
+
+
+def tiny_compiled_recipe(compile_: bool = True):
+    return load_recipe(
+        ["tiny"],
+        [
+            f"runtime.compile={str(compile_).lower()}",
+            "evaluation.batch_size=4",
+            *("model.num_layers=1", "model.width=32", "model.num_heads=2", "model.ffn_width=64"),
+            *("model.vocab_size=64", "model.context_length=16"),
+        ],
+    )
+
+
+def test_subset_and_full_validation_share_one_compiled_graph(
+    monkeypatch: pytest.MonkeyPatch, compiled_on_cpu: None
+) -> None:
+    """The subset's batches (from [n, L+1] blocks) and the full validation's (a short last one padded) have
+    one shape and one layout: the evaluation compiles once, for every model, and never again."""
+    graphs: list[object] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
+        graphs.append(gm)
+        return gm.forward
+
+    compile_ = torch.compile
+    monkeypatch.setattr(
+        evaluate.torch, "compile", lambda fn, mode=None, dynamic=None: compile_(fn, backend=counting_backend)
+    )
+    recipe, cpu = tiny_compiled_recipe(), torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    subset = evaluate.subset_batches(torch.randint(0, 64, (10, 17), generator=gen), 4)  # 4 + 4 + 2 rows
+    full = [
+        (torch.randint(0, 64, (n, 16), generator=gen), torch.randint(0, 64, (n, 16), generator=gen))
+        for n in (4, 3)
+    ]
+    for model in (Llama(recipe.model), Llama(recipe.model)):
+        for batches in (subset, full, subset):
+            compiled, _ = evaluate.evaluate_batches(model, batches, recipe, cpu)
+            eager, _ = evaluate.evaluate_batches(model, batches, tiny_compiled_recipe(False), cpu)
+            assert compiled == pytest.approx(eager, rel=1e-6)
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize(
+    "backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)  # inductor: about 4 s with a warm inductor cache, 18 s with an empty one
+def test_compiled_evaluation_keeps_no_model_alive(
+    monkeypatch: pytest.MonkeyPatch, compiled_on_cpu: None, backend: str
+) -> None:
+    compile_ = torch.compile
+    monkeypatch.setattr(
+        evaluate.torch,
+        "compile",
+        lambda fn, mode=None, dynamic=None: compile_(fn, backend=backend, mode=mode, dynamic=dynamic),
+    )
+    recipe = tiny_compiled_recipe()
+    model = Llama(recipe.model)
+    batches = evaluate.subset_batches(torch.randint(0, 64, (5, 17)), 4)
+    result = evaluate.evaluate(
+        model, batches, recipe, torch.device("cpu"), split="subset", validation_complete=True
+    )
+    assert result.tokens == 5 * 16 and evaluate._COMPILED
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

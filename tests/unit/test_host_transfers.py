@@ -1,4 +1,5 @@
-"""Host -> device batches: pinned memory for CUDA copies, evaluation targets counted on the host."""
+"""Host -> device batches: pinned memory for CUDA copies, evaluation targets counted on the host; the
+device-side finite check of an update (no host read)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from tiny_llm.config import load_recipe
 from tiny_llm.runtime.device import pin_for, to_device
+from tiny_llm.runtime.engine import FiniteGuard
 from tiny_llm.train import evaluate as evaluate_module
 
 
@@ -38,3 +40,55 @@ def test_evaluation_counts_targets_on_the_host(monkeypatch: pytest.MonkeyPatch) 
     )
     assert count == 3 * 9 and seen == [torch.device("meta")] * 3
     assert loss == pytest.approx(3 * 12 / 27)
+
+
+def test_validation_subset_batches_reach_the_copy_contiguous(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA copy of a non-contiguous view (a subset block's first or last L tokens) goes through a pageable
+    contiguous copy, pinned or not, and blocks the host; the subset's batches are contiguous copies."""
+    blocks = torch.arange(7 * 9).reshape(7, 9)  # 7 blocks of L + 1 = 9 tokens: batches of 3, 3 and 1
+    copied: list[torch.Tensor] = []
+    monkeypatch.setattr(evaluate_module, "to_device", lambda t, device: copied.append(t) or t)
+    monkeypatch.setattr(
+        evaluate_module, "token_losses", lambda model, inputs, targets: torch.ones(targets.shape)
+    )
+    batches = evaluate_module.subset_batches(blocks, 3)
+    _, count = evaluate_module.evaluate_batches(
+        torch.nn.Identity(), batches, load_recipe(["tiny"]), torch.device("cpu")
+    )
+    assert count == 7 * 8 and len(copied) == 2 * 3
+    assert all(t.is_contiguous() for t in copied)
+    assert torch.equal(torch.cat([i for i, _ in batches]), blocks[:, :-1])
+    assert torch.equal(torch.cat([t for _, t in batches]), blocks[:, 1:])
+
+
+def test_validation_subset_batches_bound_for_cuda_are_pinned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made for a CUDA device, the batches are pinned when made (contiguous first), so the copies of every
+    evaluation that reuses them find them pinned. (Pinning itself needs CUDA: faked here, real below.)"""
+    pinned: list[tuple[bool, torch.device]] = []
+    monkeypatch.setattr(
+        evaluate_module, "pin_for", lambda t, device: pinned.append((t.is_contiguous(), device)) or t
+    )
+    blocks = torch.arange(5 * 9).reshape(5, 9)
+    cuda = torch.device("cuda")
+    assert len(evaluate_module.subset_batches(blocks, 2, cuda)) == 3
+    assert pinned == [(True, cuda)] * 6
+    pinned.clear()
+    evaluate_module.subset_batches(blocks, 2)  # no device: nothing to pin for
+    assert pinned == []
+    monkeypatch.undo()
+    if torch.cuda.is_available():
+        batches = evaluate_module.subset_batches(blocks, 2, cuda)
+        assert all(i.is_pinned() and t.is_pinned() and i.is_contiguous() for i, t in batches)
+
+
+def test_finite_guard_flags_are_fp32_whatever_the_default_dtype() -> None:
+    """The fused Adam/AdamW CUDA kernels take only an FP32 found_inf."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        guard = FiniteGuard(torch.device("cpu"), 2)
+        guard.flag(torch.tensor([1.0, float("inf")]), 3)
+    finally:
+        torch.set_default_dtype(previous)
+    assert guard.found_inf.dtype == torch.float32 and guard.bad_values.dtype == torch.float32
+    assert float(guard.found_inf) == 1.0 and guard.first_bad() == (3, [1.0, float("inf")])

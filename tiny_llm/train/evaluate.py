@@ -1,9 +1,11 @@
 """Validation loss: per-target FP32 cross entropy accumulated in FP64, so batch size changes only rounding.
 
-With runtime.compile (and not deterministic) a batch runs through one compiled function: the model's hidden
-states, then the loss chunk by chunk (``tiny_llm.model.chunked_token_losses``), so the FP32 logits copy and
-log-softmax of the eager path are never written. A short last batch is padded with ignored targets to the
-batch size, so the compiled shape never changes. Otherwise the eager ``token_losses`` runs, as it always did.
+With runtime.compile (and not deterministic) on a CUDA device a batch runs through one compiled function: the
+model's hidden states, then the loss chunk by chunk (``tiny_llm.model.chunked_token_losses``), so the FP32
+logits copy and log-softmax of the eager path are never written. A short last batch is padded with ignored
+targets to the batch size and every batch is contiguous, so the subset and the full validation share one
+compiled shape: the compile is paid once per process. Otherwise (the CPU, where compiling never pays at the
+sizes it runs; ``COMPILED_DEVICE_TYPES``) the eager ``token_losses`` runs, as it always did.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_loss
 from tiny_llm.progress import counted
 from tiny_llm.runtime.device import (
     compute_context,
+    forced_sdpa_kernel,
+    pin_for,
     setup_runtime,
     synchronize,
     to_device,
@@ -69,9 +72,22 @@ class EvalResult:
         }
 
 
-def subset_batches(blocks: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def subset_batches(
+    blocks: torch.Tensor, batch_size: int, device: torch.device | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation subset's [n, L+1] blocks as contiguous (inputs, targets) batches, in pinned memory when
+    bound for a CUDA ``device``: made once, a caller that keeps them pins them once.
+
+    Not views of the blocks: a CUDA copy of a non-contiguous tensor goes through a contiguous copy in pageable
+    memory, pinned or not, and blocks the host; and a compiled evaluation would see other strides than the
+    full validation's batches, and compile again."""
+    batches = []
     for chunk in blocks.split(batch_size):
-        yield chunk[:, :-1], chunk[:, 1:]
+        inputs, targets = chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+        if device is not None:
+            inputs, targets = pin_for(inputs, device), pin_for(targets, device)
+        batches.append((inputs, targets))
+    return batches
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -81,18 +97,32 @@ CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 28}
 # Evaluation never uses CUDA graphs: a large batch gains little from them, and graph trees replayed between
 # the training's own would have to be kept apart from them.
 EVAL_COMPILE_MODES = {"default": None, "reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}
-_COMPILED: weakref.WeakKeyDictionary[nn.Module, LossFn] = weakref.WeakKeyDictionary()
+# Where runtime.compile compiles the evaluation. Not the CPU: there a run's compiles cost more than they save.
+# A demo-s train (0.2 tokens per parameter, one thread; benchmarks/README.md) spent 12.7 s (cold compile
+# cache) and 1.3 s (warm) on its compiled final validation against 0.7-1.1 s eager, and 14.5 s / 0.56 s on
+# its first subset validation against 0.15 s: the compiled loss is faster per token (eval_speed.py), but a
+# CPU run evaluates too few tokens to earn even a warm cache's tracing and loading back.
+COMPILED_DEVICE_TYPES: frozenset[str] = frozenset({"cuda"})
+# (compile mode, forced SDPA kernel) -> the compiled loss. One per process, for every model: the model is an
+# argument, so nothing here keeps a model (or its weights) alive.
+_COMPILED: dict[tuple[str | None, str | None], Callable[..., torch.Tensor]] = {}
 
 
 def compiled_losses(model: nn.Module, recipe: RecipeConfig, device: torch.device) -> LossFn | None:
-    """The compiled per-target loss of ``model`` (made once per model), or None where evaluation is eager."""
-    if not (uses_compile(recipe) and isinstance(model, Llama)):
+    """The compiled per-target loss of ``model``, or None where evaluation is eager (no runtime.compile, the
+    deterministic or reference path, a device not in ``COMPILED_DEVICE_TYPES``, a model that is no Llama)."""
+    if not (uses_compile(recipe) and device.type in COMPILED_DEVICE_TYPES and isinstance(model, Llama)):
         return None
-    if model not in _COMPILED:
-        rows = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // model.cfg.vocab_size)
-        fn = with_forced_kernel(functools.partial(chunked_token_losses, model, rows=rows), recipe)
-        _COMPILED[model] = torch.compile(fn, mode=EVAL_COMPILE_MODES[recipe.runtime.compile_mode])
-    return _COMPILED[model]
+    mode = EVAL_COMPILE_MODES[recipe.runtime.compile_mode]
+    key = (mode, forced_sdpa_kernel(recipe))
+    if key not in _COMPILED:
+        # dynamic=False: padded, contiguous batches keep one shape; a shape that did change would get a static
+        # graph of its own rather than turn this one dynamic.
+        _COMPILED[key] = torch.compile(
+            with_forced_kernel(chunked_token_losses, recipe), mode=mode, dynamic=False
+        )
+    rows = max(1, CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cuda"]) // model.cfg.vocab_size)
+    return functools.partial(_COMPILED[key], model, rows=rows)
 
 
 def pad_batch(inputs: torch.Tensor, targets: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,15 +227,15 @@ def evaluate_checkpoint(
     else:
         raise DataError(f"{path}: expected a .safetensors weights file or a .pt training state")
     L, batch = recipe.model.context_length, recipe.evaluation.batch_size
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
     if full:
         num_batches = math.ceil(math.ceil(validation_num_targets(cache) / L) / batch)
         batches = counted(
             iter_validation(cache, L, batch), total=num_batches, desc="validation", unit="batch"
         )
     else:
-        batches = subset_batches(
-            validation_subset(cache, L, recipe.evaluation.subset_blocks, recipe.evaluation.seed), batch
-        )
+        subset = validation_subset(cache, L, recipe.evaluation.subset_blocks, recipe.evaluation.seed)
+        batches = subset_batches(subset, batch, device)
     split = "full" if full else "subset"
     result = evaluate(
         model, batches, recipe, device, split=split, validation_complete=cache.validation_complete
