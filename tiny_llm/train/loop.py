@@ -42,6 +42,7 @@ from tiny_llm.train.run_dir import (
     already_complete,
     check_identity,
     check_resumable,
+    claim_run_dir,
     remove_stale_temps,
     resolve_resume,
     write_status,
@@ -155,12 +156,9 @@ class Trainer:
         self._write_status("running")
         self._write_environment(resumed=state is not None and not branch)
         self.session_start = self.clock.now()
-        self.subset = validation_subset(
-            self.cache,
-            self.recipe.model.context_length,
-            self.recipe.evaluation.subset_blocks,
-            self.recipe.evaluation.seed,
-        )
+        ev = self.recipe.evaluation
+        subset = validation_subset(self.cache, self.recipe.model.context_length, ev.subset_blocks, ev.seed)
+        self.subset = subset_batches(subset, ev.batch_size, self.device)  # made and pinned once per session
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state["engine"])
@@ -325,7 +323,7 @@ class Trainer:
         atomic_write_json(self.run_dir / "best.json", best)
 
     def evaluate_subset(self) -> tuple[EvalResult, int]:
-        return self._evaluate(subset_batches(self.subset, self.recipe.evaluation.batch_size), "subset")
+        return self._evaluate(self.subset, "subset")
 
     def _evaluate(
         self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], split: str
@@ -458,8 +456,7 @@ def run_training(
     keeping states, or start from another run's state when the directory holds none. A directory holding a
     run of another recipe is refused, or with ``set_aside_changed`` renamed aside (see check_identity)."""
     plan = plan or Continuation()
-    run_dir = Path(recipe.runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = claim_run_dir(Path(recipe.runtime.output_dir), keep)  # refuses before the lock file
     log = RunLog(run_dir / "run.log", quiet=quiet)
     with exclusive_lock(run_dir / LOCK_FILE, f"run directory {run_dir}"), signals.stop_on_signals():
         remove_stale_temps(run_dir)
