@@ -20,8 +20,8 @@ def shipped(name: str) -> dict:
     return yaml.safe_load((REPO / name).read_text(encoding="utf-8"))
 
 
-def plan_of(config: dict, check_files: bool = False):
-    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, check_files=check_files)
+def plan_of(config: dict):
+    return build_plan(copy.deepcopy(config), SCHEMA, "test.yaml", numerics_version=1, precheck_campaign=False)
 
 
 def tiny(**extra) -> dict:
@@ -49,9 +49,3 @@ def set_value(value: Any) -> str:
     if isinstance(value, str) and value.strip() == value and yaml.safe_load(value) == value:
         return value
     return json.dumps(value)
-
-
-def earlier_form(profile: dict) -> dict:
-    """A tuning profile.yaml as the workflow wrote it before `overrides`: recipe keys as `sets` strings."""
-    rest = {key: value for key, value in profile.items() if key != "overrides"}
-    return {**rest, "sets": [f"{key}={set_value(value)}" for key, value in flatten(profile["overrides"])]}

@@ -200,27 +200,23 @@ def test_the_smallest_job_measures_one_direction_of_each_kind(trained: TrainedRu
     assert json.loads((tmp_path / "one" / "result.json").read_text()) == result
 
 
-def test_a_directory_measured_by_an_earlier_version_starts_over(trained: TrainedRun, tmp_path: Path) -> None:
-    """A workflow's analysis directory from before version 2 (no matmul precision, no tf32 setting): the same
-    job starts over instead of refusing the directory the workflow gives it; another job's is refused."""
+def test_a_directory_measured_by_an_earlier_version_is_refused(trained: TrainedRun, tmp_path: Path) -> None:
+    """An analysis directory from before version 2 (no matmul precision, no tf32 setting) belongs to the
+    version that made it: the same job refuses it in one line naming the version, and removes nothing."""
     output = tmp_path / "earlier"
     settings = AnalysisConfig(case="seen", noise_samples=1, random_samples=1)
-    lines: list[str] = []
-    job = AnalysisJob(trained.run_dir, "epoch-001", output, settings, lines.append)
+    job = AnalysisJob(trained.run_dir, "epoch-001", output, settings, print)
     earlier = {k: v for k, v in job.identity.items() if k not in ("matmul_precision", "identity")}
     earlier |= {"version": VERSION - 1, "identity": "earlier"}
     earlier["settings"] = {k: v for k, v in earlier["settings"].items() if k != "tf32"}
     (output / "samples").mkdir(parents=True)
     (output / "samples" / "noise-0003.json").write_text("{}")
     atomic_write_json(output / "manifest.json", {"identity_payload": earlier})
-    assert job.check_output() is None
-    version = f"version {VERSION - 1} -> {VERSION}"
-    assert lines == [f"{output}: measured by an earlier version of the analysis ({version}); starting over"]
-    assert list((output / "samples").iterdir()) == []
-    earlier["settings"]["random_samples"] = 7  # another job's directory, whatever its version
-    atomic_write_json(output / "manifest.json", {"identity_payload": earlier})
-    with pytest.raises(RunStateError, match=r"holds another analysis \(.*settings\.random_samples: 7 -> 1;"):
+    refusal = rf"holds another analysis \(.*version: {VERSION - 1} -> {VERSION}"
+    with pytest.raises(RunStateError, match=refusal) as err:
         job.check_output()
+    assert "\n" not in str(err.value) and "use a new --output directory" in str(err.value)
+    assert [p.name for p in (output / "samples").iterdir()] == ["noise-0003.json"]
 
 
 @pytest.mark.slow  # two whole analysis jobs (about 10 s of CPU)

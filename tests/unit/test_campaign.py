@@ -433,7 +433,8 @@ def test_seed_expansion_gives_the_exact_job_list():
 
 
 def test_without_seeds_run_ids_settings_and_identity_are_unchanged():
-    """A campaign planned before seeds existed keeps its run ids, recipes and campaign identity."""
+    """Seeds left out (their default) keep the run ids, recipes and campaign identity of a campaign without
+    the key: a new setting at its default changes no identity."""
     config = cluster()
     assert campaign.settings_dict(config)["stages"] == [
         {"size": "20m", "lr": [3e-4, 1e-3, 3e-3], "weight_decay": [0.0, 0.1], "beta2": [0.95]},

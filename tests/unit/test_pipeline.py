@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, SCHEMA, earlier_form, flatten, plan_of, set_value, shipped, tiny
+from pipeline_helpers import REPO, SCHEMA, flatten, plan_of, set_value, shipped, tiny
 
+from tiny_llm.campaign import CampaignChangedError
 from tiny_llm.config import deep_merge, load_recipe, recipe_from_dict
 from tiny_llm.errors import ConfigError
-from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline import build_plan, write_plan_file
 from tiny_llm.pipeline.layout import PREPARE_RECIPE
-from tiny_llm.tuning.candidates import base_recipe, make_plan, profile_from_dict
+from tiny_llm.tuning.candidates import base_recipe, profile_from_dict
 
 
 @pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])
@@ -239,108 +239,6 @@ def test_every_size_is_tuned_at_the_batch_its_campaign_trains_with(name: str) ->
     assert plan.campaign is not None and set(plan.campaign.tuned_sizes) == set(campaign["tuning"])
 
 
-@pytest.mark.parametrize("name", ["workflow_config.yaml", "config/cluster.yaml"])
-def test_a_profiles_overrides_plan_what_its_earlier_sets_planned(name: str) -> None:
-    plan = plan_of(shipped(name))
-    for profile in plan.tuning.profiles:
-        content = plan.files.content(plan.tuning.profile_file(profile))
-        earlier = make_plan(profile_from_dict(profile, earlier_form(content))).to_dict()
-        now = make_plan(profile_from_dict(profile, content)).to_dict()
-        assert json.dumps(now) == json.dumps(earlier), profile  # to the bit: the same types too
-
-
-TUNED = {"size": "tiny", "space": "cpu", "overrides": {"optimizer": {"lr": 0.002}}}
-
-
-def test_an_earlier_profile_file_saying_the_same_is_kept_as_written(tmp_path: Path, monkeypatch) -> None:
-    """profile.yaml is write_plan_file's param: a tree planned before `overrides` must stay complete."""
-    monkeypatch.chdir(tmp_path)
-    path = "results/p-tuning/profile.yaml"
-    config = tiny(tuning={"profiles": {"p": TUNED}})
-    fresh = plan_of(config, check_files=True).files.content(path)
-    assert "sets" not in fresh and fresh["overrides"]["optimizer"] == {"lr": 0.002}
-    earlier = earlier_form(fresh)
-    write_plan_file(path, earlier)
-    kept = plan_of(config, check_files=True).files.content(path)
-    assert repr(kept) == repr(earlier)  # what Snakemake's params trigger compares
-    assert plan_of(config).files.content(path) == fresh  # without check_files nothing is read
-    changed = tiny(tuning={"profiles": {"p": {**TUNED, "overrides": {"optimizer": {"lr": 0.003}}}}})
-    assert plan_of(changed, check_files=True).files.content(path)["overrides"]["optimizer"] == {"lr": 0.003}
-    changed = tiny(tuning={"profiles": {"p": {**TUNED, "budget_minutes": 9}}})
-    assert plan_of(changed, check_files=True).files.content(path)["budget_minutes"] == 9
-    write_plan_file(path, {**earlier, "sets": [*earlier["sets"], "optimizer.lr=0.003"]})
-    assert plan_of(config, check_files=True).files.content(path) == fresh
-    write_plan_file(path, fresh)
-    assert plan_of(config, check_files=True).files.content(path) == fresh
-
-
-def test_the_dag_follows_the_schedule_a_tuning_runs_with(tmp_path: Path, monkeypatch) -> None:
-    """plan.json (plan_tuning's output) is what the candidate jobs read: while it holds the planned slots and
-    will not be planned again, its order is the DAG's, so a tree tuned by an earlier version (which ordered
-    the same candidates otherwise) stays complete."""
-    monkeypatch.chdir(tmp_path)
-    config = tiny(tuning={"profiles": {"p": TUNED}})
-    plan = plan_of(config, check_files=True)
-    planned = plan.tuning.slots["p"]
-    profile = plan.tuning.profile_file("p")
-    write_plan_file(profile, plan.files.content(profile))
-    schedule = Path("results/p-tuning/plan.json")
-    earlier = [planned[1], planned[0], *planned[2:]]
-    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier]})
-    assert plan_of(config, check_files=True).tuning.slots["p"] == earlier
-    assert plan_of(config).tuning.slots["p"] == planned  # without check_files nothing is read
-    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier[1:]]})  # other slots
-    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
-    write_plan_file(schedule, {"slots": [{"name": name} for name in earlier]})
-    changed = tiny(tuning={"profiles": {"p": {**TUNED, "budget_minutes": 9}}})  # plan_tuning runs again
-    assert plan_of(changed, check_files=True).tuning.slots["p"] == plan_of(changed).tuning.slots["p"]
-    os.utime(schedule, (1, 1))  # older than the profile: plan_tuning runs again
-    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
-    schedule.write_text("{not json", encoding="utf-8")
-    assert plan_of(config, check_files=True).tuning.slots["p"] == planned
-
-
-def without_cuda_graph(recipe: dict) -> dict:
-    """A recipe.yaml as the workflow wrote it before `runtime.cuda_graph` existed."""
-    earlier = copy.deepcopy(recipe)
-    del earlier["runtime"]["cuda_graph"]
-    return earlier
-
-
-def test_every_recipe_file_written_before_a_key_existed_is_kept_as_written(
-    tmp_path: Path, monkeypatch
-) -> None:
-    """A recipe file is write_plan_file's param: one written before a key existed (runtime.cuda_graph) reads,
-    with that key's default, as the same recipe, so the file and every job after it stay as they are."""
-    monkeypatch.chdir(tmp_path)
-    config = shipped("workflow_config.yaml")
-    fresh = plan_of(config, check_files=True).files
-    recipes = [path for path in fresh._content if "runtime" in fresh.content(path)]
-    assert PREPARE_RECIPE in recipes and len(recipes) >= 10  # runs, cache, packed, benchmarks, horizons
-    for path in recipes:
-        write_plan_file(path, without_cuda_graph(fresh.content(path)))
-    kept = plan_of(config, check_files=True).files
-    for path in recipes:
-        assert repr(kept.content(path)) == repr(without_cuda_graph(fresh.content(path))), path
-    assert plan_of(config).files.content(PREPARE_RECIPE) == fresh.content(PREPARE_RECIPE)  # nothing read
-
-
-def test_a_recipe_file_that_says_something_else_is_planned_anew(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    path = "results/runs/a/recipe.yaml"
-    fresh = plan_of(tiny(), check_files=True).files.content(path)
-    write_plan_file(path, without_cuda_graph(fresh))
-    changed = tiny(runs={"a": {"size": "tiny", "overrides": {"optimizer": {"lr": 0.002}}}})
-    assert plan_of(changed, check_files=True).files.content(path)["optimizer"]["lr"] == 0.002
-    for damaged in ("{not: [yaml", "model: 3\n", "- a list\n"):
-        Path(path).write_text(damaged, encoding="utf-8")
-        assert plan_of(tiny(), check_files=True).files.content(path) == fresh, damaged
-    unknown = without_cuda_graph(fresh)
-    unknown["runtime"]["no_such_key"] = 1
-    write_plan_file(path, unknown)
-    assert plan_of(tiny(), check_files=True).files.content(path) == fresh
-
-
 def campaign_tuned_at(batch_tokens: int | None, profile: str = "p") -> dict:
     overrides = {} if batch_tokens is None else {"training": {"batch_tokens": batch_tokens}}
     return tiny(
@@ -406,7 +304,7 @@ def test_pipeline_imports_neither_torch_nor_snakemake() -> None:
         "import yaml\n"
         "from tiny_llm.pipeline import build_plan, load_schema\n"
         "schema = load_schema('schemas/workflow_config.schema.yaml')\n"
-        "build_plan(yaml.safe_load(open('config/cluster.yaml')), schema, check_files=False)\n"
+        "build_plan(yaml.safe_load(open('config/cluster.yaml')), schema, precheck_campaign=False)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -438,3 +336,95 @@ def test_evaluate_run_dir_is_the_final_state_with_the_runs_recipe(
     assert "give exactly one of --checkpoint (with --config) or --run DIR" in capsys.readouterr().err
     assert main(["evaluate", "--run", str(tmp_path)]) == 2
     assert "is not a run directory (no resolved.yaml)" in capsys.readouterr().err
+
+
+# Builds the Snakefile's plan (the campaign precheck on) in the working directory and prints, as JSON, every
+# path under results/ that was opened, listed or stat'ed, with whether the campaign's identity precheck
+# (tiny_llm.campaign.steps.precheck) was on the stack. A subprocess: an audit hook cannot be removed.
+AUDITED_PLAN = """
+import json, os, sys
+results = os.path.abspath("results") + os.sep
+touched = []
+
+def in_precheck():
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "precheck" and code.co_filename.endswith(os.path.join("campaign", "steps.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+def note(kind, path):
+    if isinstance(path, (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(results) or path + os.sep == results:
+            touched.append([kind, os.path.relpath(path), in_precheck()])
+
+def hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args:
+        note(event, args[0])
+
+def watched(name, real):
+    def call(path, *args, **kwargs):
+        note(name, path)
+        return real(path, *args, **kwargs)
+    return call
+
+sys.addaudithook(hook)
+os.stat, os.lstat = watched("stat", os.stat), watched("lstat", os.lstat)
+import yaml
+from tiny_llm.pipeline import build_plan, load_schema
+repo = sys.argv[1]
+config = yaml.safe_load(open(os.path.join(repo, "workflow_config.yaml")))
+schema = load_schema(os.path.join(repo, "schemas/workflow_config.schema.yaml"))
+plan = build_plan(config, schema, "workflow_config.yaml", numerics_version=2)
+print(json.dumps({"touched": touched, "files": len(plan.files._content)}))
+"""
+
+
+def test_building_the_plan_reads_nothing_under_results_but_the_campaign_precheck(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """docs/architecture.md, "Results of earlier versions": a plan file's content is what the workflow config
+    says now, never what a file on disk says. With every plan file, tuning schedule and run result of the
+    demo on disk, building the Snakefile's plan opens, lists or stats no path under results/, except in the
+    one read allowed: the campaign's identity precheck (tiny_llm.campaign.steps.precheck, a changed campaign
+    refused before any job starts)."""
+    monkeypatch.chdir(tmp_path)
+    plan = plan_of(shipped("workflow_config.yaml"))
+    for path in plan.files._content:
+        write_plan_file(path, plan.files.content(path))
+    for name in plan.tuning.profiles:
+        write_plan_file(plan.tuning.schedule_file(name, REPO / "config"), {"slots": []})
+    for path in ("results/runs/demo-s/result.json", "results/campaign/stage1/campaign.json"):
+        write_plan_file(path, {"recipe_identity": "earlier"})
+    write_plan_file(Path(plan.campaign.root) / "identity.json", {"identity": "earlier"})
+    proc = subprocess.run(
+        [sys.executable, "-c", AUDITED_PLAN, str(REPO)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    audit = json.loads(proc.stdout)
+    assert audit["files"] == len(plan.files._content)
+    assert [entry for entry in audit["touched"] if not entry[2]] == []
+    assert ["stat", "results/campaign/identity.json", True] in audit["touched"]  # the precheck did run
+
+
+def test_a_campaign_directory_of_another_identity_is_refused_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    """The campaign's identity precheck, when the Snakefile builds its plan: a campaign directory recording
+    another campaign is refused before any job starts, in one line naming campaign.output_dir."""
+    monkeypatch.chdir(tmp_path)
+    config = shipped("workflow_config.yaml")
+    write_plan_file("results/data/cache/manifest.json", {"identity": "cache", "validation_complete": True})
+    build_plan(copy.deepcopy(config), SCHEMA, numerics_version=2)  # no campaign recorded yet
+    write_plan_file(
+        "results/campaign/identity.json", {"identity": "earlier", "payload": {"numerics_version": 1}}
+    )
+    with pytest.raises(CampaignChangedError) as err:
+        build_plan(copy.deepcopy(config), SCHEMA, numerics_version=2)
+    message = str(err.value)
+    assert message.startswith(
+        "campaign.output_dir: campaign settings changed; use a new output directory (results/campaign: "
+    )
+    assert "numerics_version: 1 -> 2" in message and "\n" not in message
+    assert plan_of(config).campaign.root == "results/campaign"  # commands that only read a plan: no check

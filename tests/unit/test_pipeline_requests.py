@@ -34,7 +34,9 @@ def test_numbers_as_people_write_them_are_numbers() -> None:
 
 def test_timed_jobs_take_every_local_core() -> None:
     config = shipped("workflow_config.yaml")
-    local = build_plan(copy.deepcopy(config), SCHEMA, numerics_version=1, check_files=False, local_cores=2)
+    local = build_plan(
+        copy.deepcopy(config), SCHEMA, numerics_version=1, precheck_campaign=False, local_cores=2
+    )
     assert local.threads("tuning")(SimpleNamespace(profile="cpu")) == 2
     assert local.threads("packed")(SimpleNamespace(execution="packed")) == 2
     assert (

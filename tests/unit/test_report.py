@@ -82,6 +82,8 @@ def runs(tmp_path: Path) -> Path:
         {"stage": "stage1", "size": "s", "runs": ["s-lr0.001-wd0.1", "s-lr0.003-wd0.1", "s-lr0.0003-wd0"]},
         {"stage": "stage2", "size": "m", "runs": ["m-parent0", "m-parent1", "m-parent2"]},
     ]
+    for stage in stages:  # without seeds, each run is its own configuration (as `campaign plan` writes it)
+        stage["configurations"] = {run: [run] for run in stage["runs"]}
     (root / "campaign.json").write_text(json.dumps({"stages": stages}))
     return root
 
@@ -195,7 +197,7 @@ def test_run_labels_name_what_differs_between_the_plotted_runs(runs):
 
 def test_curves_keep_legends_off_the_data_and_identical_runs_apart(runs):
     records = collect_runs(runs)
-    twin = replace(records[1], run="s-twin")  # the same curve as s-lr0.001-wd0.1
+    twin = replace(records[1], run="s-twin", configuration="s-twin")  # the same curve as s-lr0.001-wd0.1
     twin.recipe = {**twin.recipe, "runtime": {**twin.recipe["runtime"], "seed": 7}}
     fig = draw_curves([*records, twin])
     fig.canvas.draw()

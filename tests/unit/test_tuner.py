@@ -13,16 +13,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
-from pipeline_helpers import plan_of, shipped, tiny
+from pipeline_helpers import plan_of, shipped
 
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
-from tiny_llm.pipeline import write_plan_file
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import (
     apply_overrides,
-    base_recipe,
     make_plan,
     make_slots,
     plan_from_dict,
@@ -244,8 +241,8 @@ def test_stages_follow_ranks_reuse_and_selection(tmp_path: Path, fake):
 
 def test_identical_candidate_is_reused_not_rerun(tmp_path: Path, fake):
     fake()
-    sets = ["training.batch_tokens=2048", "runtime.cpu_threads=8"]
-    plan = make_plan(gpu_profile(space="cpu", sets=sets, cpu_amp_variants=[True]))
+    overrides = {"training": {"batch_tokens": 2048}, "runtime": {"cpu_threads": 8}}
+    plan = make_plan(gpu_profile(space="cpu", overrides=overrides, cpu_amp_variants=[True]))
     run_all(plan, tmp_path / "out")
     t8 = json.loads((tmp_path / "out" / "candidates" / "s4-r0-t8.json").read_text())
     # the fake's speed ignores math/reference attention and BF16: stage 1's best stays best
@@ -417,40 +414,35 @@ def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake
     assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines[-1:]
 
 
-def test_tune_plan_takes_a_profile_of_overrides_or_of_earlier_sets_strings(tmp_path: Path) -> None:
-    """Profiles written by hand before `overrides` (configs and sets) still plan, and plan the same."""
+def test_tune_plan_takes_a_profile_of_overrides(tmp_path: Path) -> None:
     from tiny_llm.cli import main
 
     base = {"configs": ["tiny"], "space": "cpu", "stage1": [[4, False]], "threads": [1]}
     overrides = {"training": {"batch_tokens": 2048, "micro_batch_size": 8}, "optimizer": {"lr": 1e-05}}
-    sets = ["training.batch_tokens=2048", "training.micro_batch_size=8", "optimizer.lr=1.0e-5"]
-    earlier = tmp_path / "earlier.yaml"
-    earlier.write_text(yaml.safe_dump({**base, "sets": sets}), encoding="utf-8")
-    plans = {}
-    for name, profile in (("now", json.dumps({**base, "overrides": overrides})), ("earlier", f"@{earlier}")):
-        output = tmp_path / f"{name}.json"
-        argv = ["tune", "plan", "--name", "c", "--profile", profile, "--output", str(output)]
-        assert main(argv) == 0
-        plans[name] = output.read_text()
-    assert plans["now"] == plans["earlier"]
-    recipe = json.loads(plans["now"])["base_recipe"]
+    output = tmp_path / "plan.json"
+    argv = ["tune", "plan", "--name", "c", "--profile", json.dumps({**base, "overrides": overrides})]
+    assert main([*argv, "--output", str(output)]) == 0
+    recipe = json.loads(output.read_text())["base_recipe"]
     assert recipe["training"]["batch_tokens"] == 2048 and recipe["optimizer"]["lr"] == 1e-05
-    both = {**base, "overrides": overrides, "sets": ["optimizer.lr=0.003"]}  # sets come after overrides
-    assert base_recipe(profile_from_dict("c", both)).optimizer.lr == 0.003
-    with pytest.raises(ConfigError, match=r"profiles.c.sets: --set expects dotted.key=value, got 'lr'"):
-        profile_from_dict("c", {**base, "sets": ["lr"]})
+    with pytest.raises(ConfigError, match=r"tuning.profiles.c.sets: unknown key"):
+        profile_from_dict("c", {**base, "sets": ["optimizer.lr=0.003"]})
     with pytest.raises(ConfigError, match=r"tuning.profiles.c.overrides: expected a mapping"):
         profile_from_dict("c", {**base, "overrides": ["training.batch_tokens=2048"]})
 
 
-def test_a_plan_file_holds_no_command_and_one_given_is_never_run(tmp_path: Path) -> None:
+def test_a_plan_file_holds_no_command_and_one_given_is_refused(tmp_path: Path) -> None:
+    """Whoever can write plan.json must not choose what the tuner runs: the file holds settings only, and a
+    key the schedule lacks (a command, or anything another version wrote) is refused in one line."""
     plan = make_plan(gpu_profile())
-    assert "worker_command" not in plan.to_dict()
-    planted = {**plan.to_dict(), "worker_command": ["sh", "-c", f"touch {tmp_path / 'PWNED'}"]}
-    command = tuner.worker_command(
-        plan_from_dict(planted), {"recipe": tmp_path / "r", "worker": tmp_path / "w"}
-    )
+    command = tuner.candidate_command(plan, {"recipe": tmp_path / "r", "worker": tmp_path / "w"})
     assert command[:4] == [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
+    assert plan_from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    planted = {**plan.to_dict(), "command": ["sh", "-c", f"touch {tmp_path / 'PWNED'}"]}
+    refusal = r"^tuning plan: unknown key 'command'; a plan written by another version\? delete it"
+    with pytest.raises(ConfigError, match=refusal):
+        plan_from_dict(planted)
+    with pytest.raises(ConfigError, match=r"'s9-r0-none' is not in the plan of profile .*; a plan written"):
+        plan.slot("s9-r0-none")
 
 
 def measured(name: str, rate: float, windows: list[float] | None = None, identity: str | None = None) -> dict:
@@ -624,25 +616,3 @@ def test_the_cuda_graph_is_skipped_on_a_parent_that_cannot_take_it(tmp_path: Pat
         assert "skipped (not applicable)" in [t.get_text() for t in fig.legends[0].get_texts()]
     finally:
         plt.close(fig)
-
-
-def test_a_gpu_tree_tuned_before_the_cuda_graph_stage_keeps_its_schedule(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """plan.json is what the candidate jobs read: one written before the CUDA graph stage existed (the planned
-    slots but that one) stays the DAG's while it will not be planned again, so a finished GPU tuning stays
-    complete instead of asking for a slot its schedule lacks; any other difference gives the planned slots."""
-    monkeypatch.chdir(tmp_path)
-    config = tiny(
-        tuning={"profiles": {"g": {"size": "tiny", "space": "gpu", "stage1": [[8, True], [4, False]]}}}
-    )
-    plan = plan_of(config, check_files=True)
-    planned = plan.tuning.slots["g"]
-    assert planned[-1] == "s4-r0-cuda-graph"
-    profile = plan.tuning.profile_file("g")
-    write_plan_file(profile, plan.files.content(profile))
-    schedule = Path("results/g-tuning/plan.json")
-    write_plan_file(schedule, {"slots": [{"name": name} for name in planned[:-1]]})
-    assert plan_of(config, check_files=True).tuning.slots["g"] == planned[:-1]
-    write_plan_file(schedule, {"slots": [{"name": name} for name in planned[1:-1]]})  # another slot missing
-    assert plan_of(config, check_files=True).tuning.slots["g"] == planned

@@ -220,7 +220,10 @@ def test_rerun_does_nothing_and_changed_settings_are_rejected(campaign_run: Camp
     changed["campaign"]["overrides"]["optimizer"] = {"min_lr_ratio": 0.2}
     proc = snakemake(workdir, write_config(workdir / "changed.yaml", changed), "-n", "campaign")
     assert proc.returncode != 0
-    assert "campaign settings changed; use a new output directory" in proc.stdout + proc.stderr
+    assert (
+        "campaign.output_dir: campaign settings changed; use a new output directory"
+        in proc.stdout + proc.stderr
+    )
     assert "min_lr_ratio" in proc.stdout + proc.stderr
     # execution-only settings (the checkpoint interval) are the same campaign and retrain nothing
     same = campaign_config()

@@ -4,6 +4,7 @@ nothing after a recipe edit, or let a path reach the shell unquoted."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -78,9 +79,11 @@ runpy.run_module("snakemake", run_name="__main__")
 """
 
 
-def test_a_tree_from_before_a_new_recipe_key_is_still_complete(tmp_path: Path) -> None:
-    """Recipe files are plan-file params: a tree whose files lack a key added since (at its default) must not
-    rewrite them, nor prepare, train or evaluate again."""
+def test_a_tree_from_before_a_new_recipe_key_is_refinalised_not_retrained(tmp_path: Path) -> None:
+    """docs/architecture.md, "Results of earlier versions": the recipe files of a tree made before a key
+    existed (runtime.cuda_graph, at its default: the recipe identity is the same) are written again and the
+    jobs after them run; the finished run is recognised by its identity and only re-finalised from its final
+    state: no update is trained again, nothing is set aside."""
     configfile = write_config(tmp_path / "tiny.yaml", tiny_config())
     args = snakemake_command(tmp_path, configfile, "--cores", "2", "runs")[3:]
     earlier = [sys.executable, "-c", BEFORE_CUDA_GRAPH, *args]
@@ -88,10 +91,29 @@ def test_a_tree_from_before_a_new_recipe_key_is_still_complete(tmp_path: Path) -
         earlier, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=snakemake_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    recipe = tmp_path / "results/runs/tiny-a/recipe.yaml"
-    assert "cuda_graph" not in recipe.read_text() and "cuda_graph" not in (tmp_path / PREPARE).read_text()
+    run_dir = tmp_path / "results/runs/tiny-a"
+    assert "cuda_graph" not in (run_dir / "recipe.yaml").read_text()
+    assert "cuda_graph" not in (tmp_path / PREPARE).read_text()
+    old = json.loads((run_dir / "result.json").read_text())
+    log, trained = (run_dir / "run.log").read_text(), train_rows(run_dir)
+    again = snakemake(tmp_path, configfile, "--cores", "2", "runs", timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "cuda_graph" in (run_dir / "recipe.yaml").read_text()  # plan files are written again
+    new = json.loads((run_dir / "result.json").read_text())
+    assert new["recipe_identity"] == old["recipe_identity"]
+    assert new["final_validation"]["loss"] == old["final_validation"]["loss"]  # validated again, same weights
+    session = (run_dir / "run.log").read_text()[len(log) :].splitlines()  # the rerun's lines
+    assert any(line.endswith(f"final.pt at step {old['step']}/{old['step']}") for line in session), session
+    assert not [line for line in session if re.search(r"epoch \d+/\d+ step", line)], session
+    assert train_rows(run_dir) == trained
+    assert not list(run_dir.parent.glob("tiny-a.replaced-*"))
     again = snakemake(tmp_path, configfile, "--cores", "2", "-n", "runs")
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row.get("event") == "train"]
 
 
 HOSTILE = "my data 'q\" $(touch PWNED)"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import REPO, snakemake, snakemake_command, snakemake_env, tiny_config, write_config
+from workflow_helpers import snakemake, tiny_config, write_config
 
 from tiny_llm.config import load_recipe
 
@@ -91,37 +90,3 @@ def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None
     assert json.loads((folder / "progress.json").read_text())["done"] == len(SLOTS)
     again = snakemake(tmp_path, config, target, "--cores", "2")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
-
-
-# Snakemake as the workflow ran before profiles carried `overrides`: profile.yaml with recipe keys as `sets`.
-EARLIER_SNAKEMAKE = f"""
-import runpy, sys
-sys.path.insert(0, {str(REPO / "tests" / "unit")!r})
-from pipeline_helpers import earlier_form
-from tiny_llm.pipeline.tuning import TuningPlan
-now = TuningPlan.profile_mapping
-TuningPlan.profile_mapping = lambda self, name: earlier_form(now(self, name))
-sys.argv = ["snakemake", *sys.argv[1:]]
-runpy.run_module("snakemake", run_name="__main__")
-"""
-
-
-@pytest.mark.slow
-def test_a_tuning_run_before_profile_overrides_is_still_complete(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.yaml", tuning_config())
-    target = "results/toy-tuning/selected.yaml"
-    earlier = [sys.executable, "-c", EARLIER_SNAKEMAKE, *snakemake_command(tmp_path, config, target)[3:]]
-    proc = subprocess.run(
-        earlier, cwd=tmp_path, capture_output=True, text=True, timeout=400, env=snakemake_env()
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    profile = tmp_path / "results" / "toy-tuning" / "profile.yaml"
-    assert "sets" in yaml.safe_load(profile.read_text())
-    again = snakemake(tmp_path, config, target, "-n")
-    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout
-    changed = write_config(tmp_path / "c.yaml", tuning_config(overrides={"optimizer": {"lr": 0.002}}))
-    proc = snakemake(tmp_path, changed, target, "-n")
-    assert proc.stdout.count("rule bench_candidate:") == len(SLOTS), proc.stdout  # a changed profile reruns
-    proc = snakemake(tmp_path, changed, str(profile.relative_to(tmp_path)))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert yaml.safe_load(profile.read_text())["overrides"]["optimizer"] == {"lr": 0.002}

@@ -95,19 +95,6 @@ def sample_name(kind: str, index: int) -> str:
     return f"{kind}-{index:03d}.json" if kind == "consensus" else f"{kind}-{index:04d}.json"
 
 
-def earlier_version_of(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Whether identity payload ``old`` is this job's, written by an earlier version of the format: every
-    setting it records (a later version adds some) and its checkpoint are the job's. Its samples follow the
-    earlier definitions, so the job starts over rather than refusing the directory a workflow gave it."""
-    version = old.get("version")
-    if old.get("format") != FORMAT or not isinstance(version, int) or version >= VERSION:
-        return False
-    settings, now = old.get("settings"), new["settings"]
-    if not isinstance(settings, dict) or any(k not in now or now[k] != v for k, v in settings.items()):
-        return False
-    return old.get("inputs", {}).get("checkpoint") == new["inputs"]["checkpoint"]
-
-
 class AnalysisJob:
     def __init__(
         self, run_dir: Path, checkpoint: str, output: Path, settings: AnalysisConfig, log: Log
@@ -144,13 +131,7 @@ class AnalysisJob:
         manifest = self.output / "manifest.json"
         if manifest.is_file():
             old = read_json(manifest).get("identity_payload", {})
-            if earlier_version_of(old, self.identity):
-                self.log(
-                    f"{self.output}: measured by an earlier version of the analysis (version "
-                    f"{old['version']} -> {VERSION}); starting over"
-                )
-                self.start_over()
-            elif old.get("identity") != self.identity["identity"]:
+            if old.get("identity") != self.identity["identity"]:
                 changed = [
                     c for c in identity_differences(old, self.identity) if not c.startswith("identity:")
                 ]

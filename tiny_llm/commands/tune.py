@@ -37,8 +37,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         required=True,
-        help="the profile mapping (configs, overrides, protocol; the earlier sets strings are read too) as "
-        "YAML/JSON text, or @FILE for a YAML file",
+        help="the profile mapping (configs, overrides, protocol) as YAML/JSON text, or @FILE for a YAML file",
     )
 
 

@@ -39,7 +39,7 @@ def campaign_config(book: RecipeBook, numerics_version: int) -> campaign_lib.Cam
 
 
 class CampaignPlan:
-    def __init__(self, book: RecipeBook, numerics_version: int, files: PlanFiles, check_files: bool) -> None:
+    def __init__(self, book: RecipeBook, numerics_version: int, files: PlanFiles, precheck: bool) -> None:
         section = book.config["campaign"]
         self.book = book
         self.root: str = section["output_dir"].rstrip("/")
@@ -58,8 +58,11 @@ class CampaignPlan:
         for size in self.config.sizes:
             self.size_recipes[size] = recipe_from_dict(campaign_lib.build_template(self.config, size))
         self.check_tuning()
-        if check_files:
-            campaign_lib.precheck(self.config)
+        if precheck:  # the one read of results/ while the plan is built: a changed campaign is refused here
+            try:
+                campaign_lib.precheck(self.config)
+            except campaign_lib.CampaignChangedError as exc:
+                raise campaign_lib.CampaignChangedError(f"campaign.output_dir: {exc}") from None
 
     def check_tuning(self) -> None:
         """Each profile of campaign.tuning tunes the size's model at the batch its campaign runs train with

@@ -67,14 +67,14 @@ class WorkflowPlan:
         self,
         config: dict[str, Any],
         numerics_version: int,
-        check_files: bool = True,
+        precheck_campaign: bool = True,
         local_cores: Callable[[], int | None] | int | None = None,
     ) -> None:
         self.config = config
         self.numerics_version = numerics_version
         self.local_cores = local_cores
         self.book = RecipeBook(config)
-        self.files = PlanFiles(check_files)
+        self.files = PlanFiles()
         self.book.check_one_cache()
         self.analysis = AnalysisPlan(config["analysis"])
         self._check_analysed_runs()
@@ -84,7 +84,7 @@ class WorkflowPlan:
             self.book, self.files, dict.fromkeys(self.analysis.references("runs"), keep_epochs)
         )
         self.tuning = TuningPlan(self.book, config["tuning"], self.files)
-        self.campaign = CampaignPlan(self.book, numerics_version, self.files, check_files)
+        self.campaign = CampaignPlan(self.book, numerics_version, self.files, precheck_campaign)
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
         self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
@@ -271,21 +271,23 @@ def build_plan(
     schema: Mapping[str, Any],
     sources: str = "",
     numerics_version: int = 0,
-    check_files: bool = True,
+    precheck_campaign: bool = True,
     local_cores: Callable[[], int | None] | int | None = None,
 ) -> WorkflowPlan:
     """Validate ``config`` (filling the schema's defaults in place) and plan the workflow.
 
     ``local_cores``: the cores of a local run (None on a cluster), which a timed job takes all of; a function
-    when they are known only once jobs are planned.
+    when they are known only once jobs are planned. ``precheck_campaign``: refuse a campaign directory that
+    records another campaign (`tiny_llm.campaign.precheck`, the one read of ``results/`` the plan makes);
+    off for commands that only read a plan.
     """
     validate_config(config, dict(schema), sources)
-    return WorkflowPlan(config, numerics_version, check_files, local_cores)
+    return WorkflowPlan(config, numerics_version, precheck_campaign, local_cores)
 
 
 def campaign_settings_from_config(config: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
     """The settings the workflow hands to `tiny_llm campaign` (`campaign estimate --workflow-config`)."""
-    plan = build_plan(config, schema, "--workflow-config", check_files=False)
+    plan = build_plan(config, schema, "--workflow-config", precheck_campaign=False)
     if plan.campaign.config is None:
         raise ConfigError("campaign.stages: this workflow config defines no campaign")
     return campaign_lib.settings_dict(plan.campaign.config)

@@ -7,10 +7,9 @@ from typing import Any
 
 import yaml
 
-from tiny_llm.errors import ConfigError, TinyLLMError
-from tiny_llm.io import read_json
+from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.data import cache_manifest
-from tiny_llm.pipeline.files import NormalForm, PlanFiles
+from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
     TUNING_CANDIDATE,
     TUNING_DIR,
@@ -21,7 +20,7 @@ from tiny_llm.pipeline.layout import (
 )
 from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.stage import Resources
-from tiny_llm.tuning.candidates import ADDED_STAGES, base_recipe, make_slots, merge_sets, profile_from_dict
+from tiny_llm.tuning.candidates import profile_from_dict, slot_names
 
 # Workflow-only keys of a profile (the rest are tiny_llm.tuning.candidates.TuningProfile fields).
 WORKFLOW_KEYS = ("size", "overrides")
@@ -40,17 +39,10 @@ class TuningPlan:
         for name in self.profiles:
             mapping = self.profile_mapping(name)
             try:
-                profile = profile_from_dict(name, mapping)
-                planned = make_slots(profile, base_recipe(profile))
+                self.slots[name] = slot_names(profile_from_dict(name, mapping))
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
-            slots = [slot.name for slot in planned]
-            path = self.profile_file(name)
-            files.add(path, mapping, earlier_form_read_as(name))
-            if files.on_disk(path):
-                added = {slot.name for slot in planned if slot.stage_name in ADDED_STAGES}
-                slots = scheduled_order(fill(TUNING_PLAN, profile=name), path, slots, added)
-            self.slots[name] = slots
+            files.add(self.profile_file(name), mapping)
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:
@@ -129,36 +121,6 @@ class TuningPlan:
 
     def cache_tokens_needed(self) -> list[int]:
         return []  # a candidate measures a few updates; the cache holds far more for any training run
-
-
-def earlier_form_read_as(name: str) -> NormalForm:
-    """A profile file as the tuner reads it: the earlier form's `sets` strings merged into overrides, so a
-    tree written before `overrides` keeps its file (its tuning and everything after it stay complete)."""
-
-    def read(profile: dict[str, Any]) -> dict[str, Any]:
-        return merge_sets(name, profile) if "sets" in profile else profile
-
-    return read
-
-
-def scheduled_order(
-    schedule: str, profile_file: str, slots: list[str], added: set[str] | frozenset[str] = frozenset()
-) -> list[str]:
-    """The slots of the schedule on disk (plan.json), in its order, while it is the one the tuning runs with:
-    it holds the same slots, or the same but those of ``added`` (the slots of stages added since, such as the
-    CUDA graph's), and plan_tuning will not run again (the caller checked that the profile file stays as
-    planned; it is not newer either). The candidate jobs read that schedule; a tree tuned by an earlier
-    version, which ordered the same candidates otherwise or had no such stage, stays complete. Else
-    ``slots``, the order the tuner plans now."""
-    try:
-        if Path(schedule).stat().st_mtime < Path(profile_file).stat().st_mtime:
-            return slots
-        names = [slot["name"] for slot in read_json(schedule)["slots"]]
-    except (OSError, KeyError, TypeError, TinyLLMError):
-        return slots
-    if sorted(names) == sorted(slots) or sorted(names) == sorted(s for s in slots if s not in added):
-        return names
-    return slots
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:

@@ -227,13 +227,13 @@ def _campaign_sizes(runs_dir: Path) -> dict[str, str]:
 
 
 def _campaign_configurations(runs_dir: Path) -> dict[str, str]:
-    """Run id -> its configuration, from a campaign.json (campaigns planned before seeds: none)."""
+    """Run id -> its configuration, from a campaign.json in the runs directory."""
     record = runs_dir / "campaign.json"
     if not record.is_file():
         return {}
     members = {}
     for stage in read_json_mapping(record, REBUILD_CAMPAIGN).get("stages", []):
-        for configuration, runs in (stage.get("configurations") or {}).items():
+        for configuration, runs in stage["configurations"].items():
             members.update(dict.fromkeys(runs, configuration))
     return members
 

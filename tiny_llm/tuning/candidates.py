@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from tiny_llm.campaign.templates import TUNED_KEYS
-from tiny_llm.config import RecipeConfig, deep_merge, load_recipe, parse_set, recipe_from_dict, recipe_to_dict
+from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
 
@@ -104,25 +104,7 @@ class TuningProfile:
     """Stage 4 on gpu: the best so far with runtime.cuda_graph true; false leaves it out (none on cpu)."""
 
 
-# `sets`, dotted.key=value strings applied after `overrides`, is the earlier form of a profile's recipe keys:
-# still read (profiles written by hand, and profile.yaml files of existing result trees).
-PROFILE_KEYS = (frozenset(TuningProfile.__dataclass_fields__) - {"name"}) | {"sets"}
-
-
-def merge_sets(name: str, data: dict[str, Any]) -> dict[str, Any]:
-    """A profile mapping with its `sets` strings, if any, merged into `overrides` (what the tuner takes)."""
-    out = {key: value for key, value in data.items() if key != "sets"}
-    overrides = out.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"tuning.profiles.{name}.overrides: expected a mapping of recipe keys")
-    sets = data.get("sets") or []
-    for assignment in [sets] if isinstance(sets, str) else sets:
-        try:
-            overrides = deep_merge(overrides, parse_set(str(assignment)))
-        except ConfigError as exc:
-            raise ConfigError(f"tuning.profiles.{name}.sets: {exc}") from None
-    out["overrides"] = overrides
-    return out
+PROFILE_KEYS = frozenset(TuningProfile.__dataclass_fields__) - {"name"}
 
 
 def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
@@ -132,7 +114,10 @@ def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
         raise ConfigError(
             f"tuning.profiles.{name}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(PROFILE_KEYS))})"
         )
-    kwargs: dict[str, Any] = merge_sets(name, data)
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"tuning.profiles.{name}.overrides: expected a mapping of recipe keys")
+    kwargs: dict[str, Any] = {**data, "overrides": overrides}
     configs = kwargs.get("configs")
     if isinstance(configs, str):
         kwargs["configs"] = (configs,)
@@ -182,10 +167,6 @@ CONDITIONAL_STAGES = frozenset({"cuda_graph"})
 optimizer, deterministic false and, when compiled, compile_mode default (recipe validation), so on any other
 parent (e.g. a max-autotune winner of stage 3) the slot measures nothing: it is skipped, saying why, and the
 parent stays the best. A variant of another stage that the recipe refuses is a failed candidate."""
-
-ADDED_STAGES = frozenset({"cuda_graph"})
-"""Stages added after tunings had run: a schedule (plan.json) written without their slots is still the one its
-tuning runs with (``tiny_llm.pipeline.tuning.scheduled_order``), so a tree tuned before stays complete."""
 
 
 def _attention_variant(label: str) -> Variant:
@@ -280,6 +261,10 @@ class Protocol:
     data_mode: str
 
 
+REPLAN = "a plan written by another version? delete it and rerun: `tiny-llm tune plan` writes it again"
+"""What to do with a plan.json this version cannot use (docs/architecture.md, Results of earlier versions)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TuningSchedule:
     """Everything a candidate job needs; written once as plan.json."""
@@ -302,7 +287,7 @@ class TuningSchedule:
         for slot in self.slots:
             if slot.name == name:
                 return slot
-        raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}")
+        raise ConfigError(f"tuning slot '{name}' is not in the plan of profile {self.profile}; {REPLAN}")
 
 
 def make_plan(profile: TuningProfile) -> TuningSchedule:
@@ -324,9 +309,11 @@ def make_plan(profile: TuningProfile) -> TuningSchedule:
 
 
 def plan_from_dict(data: dict[str, Any]) -> TuningSchedule:
-    """A plan read back from plan.json; a command in it (older plans had a test hook) is never taken: whoever
-    can write the file must not choose what the tuner runs."""
-    data = {k: v for k, v in data.items() if k != "worker_command"}
+    """A plan read back from plan.json. A key the schedule does not have is refused (ConfigError naming it):
+    the file holds settings only, never a command, and one written by another version is planned anew."""
+    unknown = sorted(set(data) - set(TuningSchedule.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"tuning plan: unknown key '{unknown[0]}'; {REPLAN}")
     slots = [Slot(**s) for s in data["slots"]]
     return TuningSchedule(**{**data, "slots": slots, "protocol": Protocol(**data["protocol"])})
 

@@ -27,6 +27,7 @@ from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_js
 from tiny_llm.tuning.candidates import (
     CONDITIONAL_STAGES,
     NOISE_RULE,
+    REPLAN,
     Slot,
     TuningSchedule,
     apply_overrides,
@@ -74,7 +75,7 @@ def earlier_results(plan: TuningSchedule, results_dir: str | Path, slot: str) ->
         if not path.is_file():
             raise RunStateError(f"tuning result {path} is missing; run candidate {other.name} first")
         out.append(read_json_mapping(path, REBUILD_CANDIDATE))
-    raise ConfigError(f"tuning slot '{slot}' is not in the plan of profile {plan.profile}")
+    raise ConfigError(f"tuning slot '{slot}' is not in the plan of profile {plan.profile}; {REPLAN}")
 
 
 def budget_used(results: list[dict[str, Any]]) -> float:
@@ -158,7 +159,7 @@ WORKER: list[str] = [sys.executable, "-m", "tiny_llm", "benchmark-worker"]
 """The benchmark worker the tuner runs; tests replace it in-process (never read from a file)."""
 
 
-def worker_command(plan: TuningSchedule, paths: dict[str, Path]) -> list[str]:
+def candidate_command(plan: TuningSchedule, paths: dict[str, Path]) -> list[str]:
     base = list(WORKER)
     p = plan.protocol
     cmd = [
@@ -185,7 +186,7 @@ def _measure(plan: TuningSchedule, paths: dict[str, Path], timeout: float) -> di
     """Run the worker with a timeout; translate its outcome into result fields."""
     with contextlib.suppress(FileNotFoundError):
         paths["worker"].unlink()  # a stale output must not pass for this run's
-    cmd = worker_command(plan, paths)
+    cmd = candidate_command(plan, paths)
     started = time.monotonic()
     returncode, timed_out = run_process_group(cmd, paths["log"], timeout)
     wall = time.monotonic() - started
