@@ -219,6 +219,24 @@ def _slurm(*command: str) -> str:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
 
 
+def claim_workdir(workdir: Path, *, empty: bool = False) -> Path:
+    """``workdir`` resolved, created and marked as a benchmark's (tiny-llm's ``.tiny-llm-output``), and with
+    ``empty`` emptied; a non-empty directory without the marker is refused in one line (``error: ...``, exit
+    2) before anything in it is touched: a benchmark deletes nothing of yours."""
+    from tiny_llm.errors import TinyLLMError
+    from tiny_llm.io import claim_output_dir
+
+    try:
+        workdir = claim_output_dir(workdir.resolve(), "--workdir")
+    except TinyLLMError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if empty:
+        shutil.rmtree(workdir)
+        claim_output_dir(workdir, "--workdir")
+    return workdir
+
+
 def slurm_profile(workdir: Path) -> Path:
     """profiles/slurm for the cluster `sbatch` talks to: its first account of this user and default
     partition, status checks from 1 s (jobs here take seconds), CPU only; the workflow config comes from the
@@ -676,8 +694,7 @@ def run(
 ) -> dict[str, Any]:
     """``executor`` "slurm": every Snakemake job through profiles/slurm on the cluster `sbatch` talks to
     (the data stage stays local), with the Slurm fault kinds by default."""
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = claim_workdir(workdir)  # reused: its data stage and reference are kept
     base = prepare_base(workdir, shape, cores)
     slurm = executor == "slurm"
     launch = ["--workflow-profile", str(slurm_profile(workdir))] if slurm else ["--cores", str(cores)]
@@ -735,7 +752,12 @@ def run(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (reused for the data)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        required=True,
+        help="scratch directory, new or one of an earlier run (reused for the data)",
+    )
     parser.add_argument(
         "--seed", type=int, action="append", help="seed of the faults (repeatable; default 1)"
     )

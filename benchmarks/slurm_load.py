@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from faults import slurm_profile  # noqa: E402 - the same derived profile as the fault benchmark
+from faults import claim_workdir, slurm_profile  # noqa: E402 - as the fault benchmark does
 
 
 def workflow_config(num_jobs: int) -> dict:
@@ -71,12 +71,12 @@ def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument(
+        "--workdir", type=Path, required=True, help="scratch directory, new or an earlier one (emptied first)"
+    )
     parser.add_argument("--jobs", type=int, default=50)
     args = parser.parse_args()
-    workdir = args.workdir.resolve()
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
+    workdir = claim_workdir(args.workdir, empty=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(workflow_config(args.jobs), sort_keys=False))
     if snakemake(workdir, "--cores", "2", "data").wait():
         sys.exit(f"data stage failed; see {workdir / 'controller.log'}")

@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from faults import claim_workdir  # noqa: E402 - a workdir is refused or marked as the fault benchmark's is
+
 CANDIDATES = Path("results/cpu-tuning/candidates")
 
 
@@ -49,7 +53,9 @@ def measured(folder: Path) -> dict[str, float]:
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--workdir", type=Path, required=True, help="scratch directory (emptied first)")
+    parser.add_argument(
+        "--workdir", type=Path, required=True, help="scratch directory, new or an earlier one (emptied first)"
+    )
     parser.add_argument(
         "--compare-only",
         action="store_true",
@@ -61,14 +67,13 @@ def main() -> None:
             sys.exit(f"error: {args.workdir} holds no pass1/ and pass2/; run without --compare-only first")
         print(json.dumps(compare(args.workdir, None, None), indent=2))
         return
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
-    demo_seconds = snakemake(args.workdir)
-    shutil.copytree(args.workdir / CANDIDATES, args.workdir / "pass1")
+    workdir = claim_workdir(args.workdir, empty=True)
+    demo_seconds = snakemake(workdir)
+    shutil.copytree(workdir / CANDIDATES, workdir / "pass1")
     target = "results/cpu-tuning/selected.yaml"
-    alone_seconds = snakemake(args.workdir, "--forcerun", "bench_candidate", target)
-    shutil.copytree(args.workdir / CANDIDATES, args.workdir / "pass2")
-    print(json.dumps(compare(args.workdir, demo_seconds, alone_seconds), indent=2))
+    alone_seconds = snakemake(workdir, "--forcerun", "bench_candidate", target)
+    shutil.copytree(workdir / CANDIDATES, workdir / "pass2")
+    print(json.dumps(compare(workdir, demo_seconds, alone_seconds), indent=2))
 
 
 def compare(workdir: Path, demo_seconds: float | None, alone_seconds: float | None) -> dict:

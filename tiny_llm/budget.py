@@ -21,6 +21,9 @@ MAX_TRAIN_TOKENS = 10**15
 """More training tokens than any run here can use (a uint16 cache of them is 2 PB): a typo, refused."""
 MAX_EPOCHS = 100_000
 """More epochs than any recipe means (each is a validation pass): a typo, refused before allocating them."""
+MAX_UPDATES = 10**7
+"""More updates than any run here makes (the 20m reference makes 3,120; more than a day at 100 per second): a
+typo, refused before the schedule of every update (about 140 bytes each, with its learning rate) is built."""
 
 
 def parameter_count(model: ModelConfig) -> int:
@@ -138,6 +141,13 @@ def budget_problems(training: TrainingConfig, params: int) -> list[str]:
         return [
             f"training.tokens_per_parameter: {ratio:g} gives {total:.3g} training tokens, more than "
             f"{MAX_TRAIN_TOKENS:.0e}; lower it"
+        ]
+    batch = training.batch_tokens
+    if batch > 0 and not total / batch <= MAX_UPDATES:  # at least this many: whole blocks, short epoch ends
+        return [
+            f"training.tokens_per_parameter: {ratio:g} gives {total / batch:.3g} updates of "
+            f"training.batch_tokens {batch}, more than {MAX_UPDATES:,}; lower it or raise "
+            "training.batch_tokens"
         ]
     epoch = training.epoch_tokens_per_parameter
     if epoch > 0 and not ratio / epoch <= MAX_EPOCHS:

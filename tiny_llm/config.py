@@ -95,15 +95,40 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """AdamW and the token-based learning-rate schedule."""
+    """The optimizer (AdamW, or Muon with AdamW) and the token-based learning-rate schedule.
 
+    Under ``name: muon`` the AdamW keys (lr, beta1, beta2, eps, weight_decay) still apply, to the tied
+    embedding/head and the RMSNorm scales; the ``muon_*`` keys apply to the hidden matrices, and only under
+    muon (set under adamw, they are refused). grad_clip and the schedule keys apply under both."""
+
+    name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
+    """adamw: AdamW on every parameter. muon: torch.optim.Muon on the blocks' 2-D matrices (q/k/v/out,
+    gate/up/down), AdamW on the embedding/head and norm scales; not for packed training or CUDA graphs."""
     lr: float = 1e-3
-    """Peak learning rate."""
+    """Peak learning rate (AdamW's; under muon, of the embedding/head and norm scales)."""
     beta1: float = 0.9
+    """AdamW (both names)."""
     beta2: float = 0.95
+    """AdamW (both names)."""
     eps: float = 1e-8
+    """AdamW (both names)."""
     weight_decay: float = 0.1
-    """Decoupled decay on all >=2-D tensors (embedding included), none on norm scales."""
+    """AdamW's decoupled decay on all >=2-D tensors (embedding included), none on norm scales (both names)."""
+    muon_lr: float | None = field(default=None, metadata={"late": True})
+    """muon only: peak learning rate of the hidden matrices (the schedule scales it like lr); null = lr."""
+    muon_momentum: float | None = field(default=None, metadata={"late": True})
+    """muon only: momentum in [0, 1); null = 0.95."""
+    muon_nesterov: bool | None = field(default=None, metadata={"late": True})
+    """muon only: Nesterov momentum; null = true."""
+    muon_ns_steps: int | None = field(default=None, metadata={"late": True})
+    """muon only: Newton-Schulz iterations, 1 to 99; null = 5."""
+    muon_weight_decay: float | None = field(default=None, metadata={"late": True})
+    """muon only: decoupled decay of the hidden matrices (x muon_lr per update); null = weight_decay."""
+    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = field(
+        default=None, metadata={"late": True}
+    )
+    """muon only: torch's per-matrix LR scale: original (sqrt(max(1, out/in))) or match_rms_adamw
+    (0.2 sqrt(max(out, in)), so AdamW's lr and decay carry over); null = match_rms_adamw."""
     grad_clip: float | None = 1.0
     """Global L2 clip threshold; null = no clipping (the norm is still computed and logged)."""
     warmup_fraction: float = 0.05
@@ -560,8 +585,41 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
             f"runtime.sdpa_backend: '{rt.sdpa_backend}' takes only FP16/BF16 inputs, and runtime.amp is "
             "false (FP32 attention); set runtime.amp true, or use efficient or math (they take FP32)"
         )
+    problems += _muon_problems(recipe)
     problems += _cuda_graph_problems(recipe)
     problems += _packed_problems(recipe)
+    return problems
+
+
+MUON_KEYS = (
+    "muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps", "muon_weight_decay", "muon_adjust_lr_fn",
+)  # fmt: skip
+
+
+def _muon_problems(recipe: RecipeConfig) -> list[str]:
+    """The muon_* keys apply only under optimizer.name muon; Muon has no packed or captured update."""
+    o = recipe.optimizer
+    if o.name != "muon":
+        return [
+            f"optimizer.{key}: applies only under optimizer.name muon (it is {o.name}); remove it"
+            for key in MUON_KEYS
+            if getattr(o, key) is not None
+        ]
+    problems = []
+    if o.muon_lr is not None and o.muon_lr <= 0:
+        problems.append(f"optimizer.muon_lr: must be > 0 or null, got {o.muon_lr}")
+    if o.muon_momentum is not None and not 0 <= o.muon_momentum < 1:
+        problems.append(f"optimizer.muon_momentum: must be in [0, 1) or null, got {o.muon_momentum}")
+    if o.muon_ns_steps is not None and not 1 <= o.muon_ns_steps < 100:
+        problems.append(f"optimizer.muon_ns_steps: must be 1 to 99 or null, got {o.muon_ns_steps}")
+    if o.muon_weight_decay is not None and o.muon_weight_decay < 0:
+        problems.append(f"optimizer.muon_weight_decay: must be >= 0 or null, got {o.muon_weight_decay}")
+    if recipe.decentralized is not None:
+        problems.append(
+            "optimizer.name: muon is not implemented for packed training (decentralized); use adamw"
+        )
+    if recipe.runtime.cuda_graph:
+        problems.append("runtime.cuda_graph: captures the fused AdamW update only; set it false under muon")
     return problems
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
 import json
 import os
+import re
 import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -99,10 +101,29 @@ OUTPUT_MARKER = ".tiny-llm-output"
 """A file in every directory an ``--output`` command writes: it marks the directory as one it may replace."""
 
 
-def check_replaceable(output: str | os.PathLike[str], *, force: bool) -> None:
-    """Refuse an existing non-empty ``output`` unless it holds OUTPUT_MARKER and ``force`` is given:
-    a directory this project did not write is never deleted, and one it wrote only on request."""
+def check_swappable(output: str | os.PathLike[str]) -> None:
+    """Refuse an ``output`` that a rename cannot swap: ``.`` or ``..``, the working directory or one holding
+    it (renamed away and deleted under the running process), a mount point (the rename fails: EBUSY)."""
     output = Path(output)
+    resolved = output.resolve()
+    cwd = Path.cwd().resolve()
+    if output.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
+        raise ConfigError(
+            f"--output {output} is the working directory or holds it, which cannot be replaced; "
+            "choose a new path, such as a subdirectory"
+        )
+    if os.path.ismount(resolved):
+        raise ConfigError(
+            f"--output {output} is a mount point, which cannot be replaced; choose a new path under it"
+        )
+
+
+def check_replaceable(output: str | os.PathLike[str], *, force: bool) -> None:
+    """Refuse an ``output`` that cannot be swapped (check_swappable), and an existing non-empty one unless it
+    holds OUTPUT_MARKER and ``force`` is given: a directory this project did not write is never deleted, and
+    one it wrote only on request."""
+    output = Path(output)
+    check_swappable(output)
     if output.is_symlink() or (output.exists() and not output.is_dir()):
         raise ConfigError(f"--output {output} exists and is not a directory; choose a new path")
     if not output.exists() or not any(output.iterdir()):
@@ -127,6 +148,8 @@ def replacing_directory(
     output = Path(output)
     if marked:
         check_replaceable(output, force=force)
+    else:
+        check_swappable(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -137,9 +160,12 @@ def replacing_directory(
         tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private
         if output.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            os.replace(
-                output, old / output.name
-            )  # out of the way first, so no reader sees a half-deleted tree
+            try:
+                os.replace(output, old / output.name)  # out of the way first: no reader sees half a tree
+            except BaseException:
+                with contextlib.suppress(OSError):  # kept if the rename did happen: nothing is lost
+                    old.rmdir()
+                raise
             os.replace(tmp, output)
             shutil.rmtree(old)
         else:
@@ -148,6 +174,75 @@ def replacing_directory(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(output.parent)
+
+
+CLAIMED_TEXT = "written by tiny-llm: its commands write here again\n"
+
+
+def check_output_dir(
+    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
+) -> Path:
+    """Refuse, in one line naming ``option``, a directory that files are written into when it exists and is
+    not a directory, or is non-empty and holds neither OUTPUT_MARKER nor, as ``ours`` tells, only what
+    tiny-llm wrote there (an earlier version's output, the command's own inputs): a user's files are never
+    written over."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"{option} {output} exists and is not a directory; choose a new path")
+    if not output.is_dir() or (output / OUTPUT_MARKER).is_file() or not any(output.iterdir()):
+        return output
+    if ours is not None and ours(output):
+        return output
+    raise ConfigError(
+        f"{option} {output} is a non-empty directory that tiny-llm did not write; choose a new or empty one"
+    )
+
+
+def claim_output_dir(
+    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
+) -> Path:
+    """check_output_dir, then ``output`` created where missing and marked with OUTPUT_MARKER, so that its
+    command (a report, a benchmark's scratch directory) writes there again on a rerun."""
+    output = check_output_dir(output, option, ours=ours)
+    output.mkdir(parents=True, exist_ok=True)
+    marker = output / OUTPUT_MARKER
+    if not marker.is_file():
+        atomic_write_text(marker, CLAIMED_TEXT)
+    return output
+
+
+def holds_earlier_output(
+    directory: Path,
+    names: Iterable[str],
+    recognised: Callable[[Path], bool],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> bool:
+    """Whether ``directory`` holds an output its command wrote before it marked its directories: beside the
+    command's ``inputs``, only files named as in ``names`` (glob patterns), each of its JSON and YAML files
+    ``recognised`` by its content, at least one of them (a user's ``report.md`` beside a ``comparison.json``
+    of theirs is not ours). Nothing but ``inputs`` also counts."""
+    skipped = {os.path.abspath(path) for path in inputs}
+    entries = [e for e in directory.iterdir() if os.path.abspath(e) not in skipped]
+    if not all(e.is_file() and any(fnmatch.fnmatchcase(e.name, n) for n in names) for e in entries):
+        return False
+    checked = [e for e in entries if e.suffix in (".json", ".yaml")]
+    return not entries or (bool(checked) and all(_recognised(recognised, e) for e in checked))
+
+
+def _recognised(recognised: Callable[[Path], bool], path: Path) -> bool:
+    try:
+        return bool(recognised(path))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # unreadable: not ours
+        return False
+
+
+_ATOMIC_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def is_atomic_temp(name: str) -> bool:
+    """Whether ``name`` is the temp file of an atomic write (``.<file>.<8 characters>.tmp``, as
+    atomic_write_with's mkstemp names it): what a writer killed mid-write leaves behind, and nothing else."""
+    return _ATOMIC_TEMP.fullmatch(name) is not None
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -233,28 +328,54 @@ def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
         raise
 
 
-def private_directory(path: str | os.PathLike[str]) -> Path:
+def private_directory(path: str | os.PathLike[str], *, narrow: bool = True) -> Path:
     """``path`` as a directory only this user can use: created 0700 when missing; OSError when it is a
-    symbolic link, not a directory, or another user's (a planted directory in a shared /tmp)."""
+    symbolic link, not a directory, or another user's (a planted directory in a shared /tmp).
+
+    It is opened without following a link and checked and changed through that descriptor, so a link put in
+    its place after the check is never followed. ``narrow``: an existing one that others may use is narrowed
+    to 0700 (a directory named for this user alone); without it, one that others may write is refused
+    (OSError EACCES) and no mode is ever changed."""
     path = Path(path)
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        raise OSError(errno.ELOOP, "is a symbolic link", str(path))
-    if not stat.S_ISDIR(info.st_mode):
-        raise OSError(errno.ENOTDIR, "is not a directory", str(path))
-    if info.st_uid != os.getuid():
-        raise OSError(errno.EPERM, "not owned by you", str(path))
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o700)  # ours, but open to others: close it
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            raise OSError(errno.ELOOP, "is a symbolic link", str(path)) from None
+        raise OSError(errno.ENOTDIR, "is not a directory", str(path)) from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise OSError(errno.EPERM, "not owned by you", str(path))
+        if narrow and stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, 0o700)  # ours, named for us alone, but open to others: close it
+        elif not narrow and stat.S_IMODE(info.st_mode) & 0o022:
+            mode = stat.S_IMODE(info.st_mode)
+            raise OSError(errno.EACCES, f"writable by others (mode {mode:04o})", str(path))
+    finally:
+        os.close(fd)
     return path
 
 
 def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
-    """A read-write fd on the lock file ``path`` (created if missing), never through a symbolic link
-    (OSError ELOOP) and never on anything but a regular file (OSError EINVAL)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    """An fd to flock the lock file ``path`` with (created if missing), never through a symbolic link (OSError
+    ELOOP) and never on anything but a regular file (OSError EINVAL): read-write, else read-only where
+    writing is refused (another user's lock file; flock needs no write access). OSError when neither opens."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, mode)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY | flags)
+        except OSError:
+            raise exc from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "is not a regular file", str(path))
@@ -263,9 +384,10 @@ def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
 
 def note_lock_holder(fd: int) -> None:
     """Write our host and PID into a held lock file, for people, only when the file is this user's alone (one
-    link): a lock file linked to someone's data is never truncated."""
+    link) and open for writing: a lock file linked to someone's data is never truncated."""
     info = os.fstat(fd)
-    if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
+    writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+    if writable and stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_nlink == 1:
         os.ftruncate(fd, 0)
         os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())  # who holds it, for a human
 
@@ -288,14 +410,22 @@ def acquire_lock(lock_path: str | os.PathLike[str], what: str, busy: str | None 
     """The fd holding an exclusive, non-blocking flock on ``lock_path`` (closing it releases the lock), or a
     one-line RunStateError: ``busy`` when another process holds it (default: ``what`` is in use)."""
     lock_path = Path(lock_path)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = open_lock_file(lock_path)
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.EINVAL):
-            raise
-        reason = "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file"
-        raise RunStateError(f"{what}: its lock {lock_path} is {reason}; remove it and rerun") from None
+        if exc.errno in (errno.ELOOP, errno.EINVAL):
+            reason = "a symbolic link" if exc.errno == errno.ELOOP else "not a regular file"
+            raise RunStateError(f"{what}: its lock {lock_path} is {reason}; remove it and rerun") from None
+        if os.path.lexists(lock_path):
+            raise RunStateError(
+                f"{what}: cannot open its lock {lock_path} ({exc.strerror}); its owner can make it readable "
+                "to you (chmod a+r), or remove it, and rerun"
+            ) from None
+        raise RunStateError(
+            f"{what}: cannot create its lock {lock_path} ({exc.strerror}); make {lock_path.parent} writable "
+            "to you, or choose another location, and rerun"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -305,6 +435,11 @@ def acquire_lock(lock_path: str | os.PathLike[str], what: str, busy: str | None 
         ) from None
     except OSError as exc:  # e.g. NFSv3 with no lock manager (ENOLCK), Lustre mounted noflock (ENOSYS)
         os.close(fd)
+        if exc.errno == errno.EBADF:  # NFS locks by byte ranges, which a read-only fd cannot lock
+            raise RunStateError(
+                f"{what}: cannot lock {lock_path} read-only on its filesystem; its owner can make it "
+                "writable to you (chmod a+w), or remove it, and rerun"
+            ) from None
         if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             raise
         raise RunStateError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -168,3 +169,31 @@ def test_loader_v2_reads_whole_groups_and_the_unseen_case_starts_after_them() ->
     assert v1.cache_tokens_needed == 207 * 64 + 1 and v1.read_blocks == 207
     assert v2.cache_tokens_needed == 2 * 8192 + 1 and v2.read_blocks == 256  # both groups, one token more
     assert unseen_range(load_recipe(["tiny"], [*sets, "data.shuffle_group_size=2"]))[0] == 256
+
+
+def test_a_budget_with_more_updates_than_can_be_scheduled_is_refused_at_validation() -> None:
+    """Under the token cap, 2e7 tokens per parameter of `tiny` are 2.6e9 updates: one line, before any
+    schedule (a list of every update, which ended in a MemoryError) is built."""
+    sets = ["training.tokens_per_parameter=2e7", "training.epoch_tokens_per_parameter=2e7"]
+    with pytest.raises(ConfigError) as err:
+        load_recipe(["tiny"], sets)
+    assert str(err.value).splitlines() == [
+        "invalid recipe: training.tokens_per_parameter: 2e+07 gives 2.58e+09 updates of "
+        "training.batch_tokens 1024, more than 10,000,000; lower it or raise training.batch_tokens"
+    ]
+
+
+def test_the_update_cap_holds_at_its_edge() -> None:
+    """`tiny`: 131,904 parameters, 1,024 tokens per update; 10,000,000 updates are 10,240,000,000 tokens."""
+    from tiny_llm.budget import MAX_UPDATES, budget_problems
+
+    recipe = load_recipe(["tiny"])
+    params = parameter_count(recipe.model)
+    at_cap = MAX_UPDATES * recipe.training.batch_tokens / params
+
+    def training(ratio: float):  # one epoch, so the epoch cap is not what is met
+        return replace(recipe.training, tokens_per_parameter=ratio, epoch_tokens_per_parameter=ratio)
+
+    assert budget_problems(training(at_cap * (1 - 1e-9)), params) == []
+    over = budget_problems(training(at_cap * (1 + 1e-9)), params)
+    assert len(over) == 1 and over[0].startswith("training.tokens_per_parameter: ")

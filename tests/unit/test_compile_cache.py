@@ -36,16 +36,16 @@ def test_setup_runtime_points_both_caches_at_a_private_directory(tmp_path: Path)
     assert compile_cache.setup_compile_cache() == expected  # a second setup keeps its own choice
 
 
-def test_the_workflow_cache_is_used_and_narrowed_to_its_owner(
+def test_the_workflow_cache_is_a_private_directory_inside_the_one_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shared = tmp_path / "results" / "compile-cache"
-    shared.mkdir(parents=True, mode=0o755)
-    shared.chmod(0o755)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     monkeypatch.setenv(compile_cache.ENV, str(shared))
-    assert compile_cache.setup_compile_cache() == shared
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(shared) and mode(shared) == 0o700
+    expected = shared / f"tiny-llm-compile-{os.getuid()}"
+    assert compile_cache.setup_compile_cache() == expected
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(expected) and mode(expected) == 0o700
+    assert compile_cache.setup_compile_cache() == expected  # the next job finds it as it was left
 
 
 def test_a_users_own_inductor_cache_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,5 +61,102 @@ def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(planted, 4242, 4242)
     with pytest.raises(
         ConfigError, match=r"belongs to another user \(uid 4242\); set TINY_LLM_COMPILE_CACHE"
+    ):
+        compile_cache.setup_compile_cache()
+
+
+def test_a_link_at_the_default_location_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    """A link planted at the predictable name: never followed, neither for a mode change nor for reading."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    victim.chmod(0o777)
+    (victim / "planted.py").write_text("entry")
+    (tmp_path / "tmp").mkdir()
+    compile_cache.default_compile_cache().symlink_to(victim)
+    with pytest.raises(ConfigError) as err:
+        compile_cache.setup_compile_cache()
+    assert str(err.value) == (
+        f"compile cache {compile_cache.default_compile_cache()}: is a symbolic link; set "
+        "TINY_LLM_COMPILE_CACHE to a directory of yours"
+    )
+    assert mode(victim) == 0o777 and (victim / "planted.py").read_text() == "entry"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_a_link_in_place_of_the_workflow_cache_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    victim.chmod(0o777)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / f"tiny-llm-compile-{os.getuid()}").symlink_to(victim)
+    monkeypatch.setenv(compile_cache.ENV, str(shared))
+    with pytest.raises(ConfigError, match=r"is a symbolic link; point TINY_LLM_COMPILE_CACHE \(the workflow"):
+        compile_cache.setup_compile_cache()
+    assert mode(victim) == 0o777
+
+
+@pytest.mark.parametrize("named_mode", [0o1777, 0o2775, 0o755], ids=["sticky-tmp", "setgid-project", "plain"])
+def test_the_directory_named_is_never_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named_mode: int
+) -> None:
+    """A sticky /tmp keeps its sticky bit, a setgid project directory its group access."""
+    named = tmp_path / "named"
+    named.mkdir()
+    named.chmod(named_mode)
+    (named / "colleague.txt").write_text("theirs")
+    monkeypatch.setenv(compile_cache.ENV, str(named))
+    cache = compile_cache.setup_compile_cache()
+    assert cache == named / f"tiny-llm-compile-{os.getuid()}" and mode(cache) & 0o777 == 0o700
+    assert mode(named) == named_mode and (named / "colleague.txt").read_text() == "theirs"
+
+
+def test_a_directory_anyone_may_write_without_the_sticky_bit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = tmp_path / "open"
+    named.mkdir()
+    named.chmod(0o777)
+    monkeypatch.setenv(compile_cache.ENV, str(named))
+    with pytest.raises(ConfigError) as err:
+        compile_cache.setup_compile_cache()
+    assert str(err.value) == (
+        f"TINY_LLM_COMPILE_CACHE {named}: every user may write it and it has no sticky bit (mode 0777), so "
+        "anyone could replace the compile cache in it; point TINY_LLM_COMPILE_CACHE (the workflow's "
+        "compile_cache) at another directory"
+    )
+    assert mode(named) == 0o777 and list(named.iterdir()) == []
+
+
+def test_an_existing_cache_directory_others_may_write_is_refused_not_narrowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = tmp_path / "results" / "compile-cache"
+    cache = named / f"tiny-llm-compile-{os.getuid()}"
+    cache.mkdir(parents=True)
+    cache.chmod(0o2775)
+    monkeypatch.setenv(compile_cache.ENV, str(named))
+    with pytest.raises(ConfigError) as err:
+        compile_cache.setup_compile_cache()
+    assert str(err.value) == (
+        f"compile cache {cache}: writable by others (mode 2775); point TINY_LLM_COMPILE_CACHE (the "
+        "workflow's compile_cache) at another directory"
+    )
+    assert mode(cache) == 0o2775
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_a_cache_directory_of_another_user_in_the_named_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = tmp_path / "named"
+    planted = named / f"tiny-llm-compile-{os.getuid()}"
+    planted.mkdir(parents=True)
+    os.chown(planted, 4242, 4242)
+    monkeypatch.setenv(compile_cache.ENV, str(named))
+    with pytest.raises(
+        ConfigError, match=r"belongs to another user \(uid 4242\); point TINY_LLM_COMPILE_CACHE"
     ):
         compile_cache.setup_compile_cache()

@@ -404,7 +404,7 @@ def test_a_damaged_result_of_a_finished_run_is_rewritten_from_its_final_state(
     run_dir = tmp_path / "run"
     shutil.copytree(baseline, run_dir)
     (run_dir / "result.json").write_text('{"parameters": 12')
-    (run_dir / ".latest.pt.x1y2.tmp").write_bytes(b"half a state")  # its writer was killed
+    (run_dir / ".latest.pt.x1y2z3w4.tmp").write_bytes(b"half a state")  # its writer was killed
     recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, *INTERVAL)
     assert run_training(recipe, resume="auto", quiet=True) == 0
     assert "resumed from" in (run_dir / "run.log").read_text()
@@ -480,3 +480,40 @@ def test_every_metrics_reader_drops_a_torn_last_line_the_same_way(tmp_path: Path
     assert training_norms(path) == [(1, 0.5), (2, 0.5)]
     path.write_text(json.dumps(rows[0]) + "\n7\n")  # a torn row that happens to parse is not a row either
     assert read_metrics(path) == rows[:1]
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_row_with_a_non_finite_number_is_dropped_like_a_damaged_line_on_resume(
+    tmp_path: Path, bad: str
+) -> None:
+    """The writer refuses NaN, so no run wrote a row holding one: resuming drops it and never fails."""
+    from tiny_llm.train.metrics import MetricsLog, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"event": "train", "step": step, "loss": 1.0 / step} for step in range(1, 5)]
+    lines = [json.dumps(row) for row in rows]
+    lines[1] = f'{{"event": "train", "step": 2, "loss": {bad}}}'
+    path.write_text("\n".join(lines) + "\n")
+    assert [row["step"] for row in read_metrics(path)] == [1, 3, 4]
+    log = MetricsLog(path)
+    log.truncate_to_step(3)
+    assert path.read_text() == "".join(json.dumps(row) + "\n" for row in (rows[0], rows[2]))
+
+
+@pytest.mark.parametrize("kib", [4, 5, 8, 16, 32, 48, 63, 64])
+def test_a_state_truncated_to_a_few_kib_is_damage_not_a_read_error(tmp_path: Path, kib: int) -> None:
+    """Memory-mapping a state cut to 4-64 KiB fails with EINVAL, which was taken for a read error ("fix the
+    cause and rerun"), so every `--resume auto` stopped on it; it is damage, set aside like a longer cut."""
+    fake_state(tmp_path / "latest.pt", 9)
+    fake_state(tmp_path / "epoch-001.pt", 4)
+    os.truncate(tmp_path / "latest.pt", kib * 1024)
+    cut = (tmp_path / "latest.pt").read_bytes()
+    with pytest.raises(checkpoint.DamagedStateError, match=r"latest.pt: damaged training state \(truncated"):
+        checkpoint.load_state(tmp_path / "latest.pt", lazy=True)
+    lines: list[str] = []
+    path, state = checkpoint.newest_usable_state(tmp_path, lines.append)
+    assert path == tmp_path / "epoch-001.pt" and state is not None and state["progress"]["step"] == 4
+    assert len(lines) == 1 and lines[0].endswith(
+        "; kept as latest.pt.corrupt; resuming from epoch-001.pt (step 4) instead"
+    )
+    assert (tmp_path / "latest.pt.corrupt").read_bytes() == cut

@@ -155,6 +155,7 @@ def test_a_filesystem_without_flock_is_named_in_one_line(tmp_path, monkeypatch):
 def test_stale_partial_is_removed(small, tmp_path, capsys):
     stale = tmp_path / "killed.partial"
     stale.mkdir()
+    (stale / ".tiny-llm-output").write_text("")  # its preparer marked it first
     (stale / "train-00000.bin").write_bytes(b"\x00" * 100)  # what kill -9 mid-write leaves behind
     result = prepare_cache(small("killed"), progress=False)
     assert not stale.exists() and "stale partial" in capsys.readouterr().err
@@ -254,3 +255,54 @@ def test_prepare_cli_verifies_and_reuses_a_complete_cache(tiny_cache, tiny_recip
     with open_cache(tiny_cache, verify=False) as cache:
         assert summary["reused"] is True and summary["identity"] == cache.identity
         assert summary["train_tokens"] == cache.num_tokens("train") == 200_000
+
+
+def follow_advice(message: str) -> None:
+    """Do what a cache error says: `...; delete the token cache directory <path> and run prepare again`."""
+    head, sep, rest = message.rpartition("delete the token cache directory ")
+    assert sep and rest.endswith(" and run prepare again"), message
+    shutil.rmtree(rest.removesuffix(" and run prepare again"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda text: text[: len(text) // 2], r"manifest.json is damaged \(not valid JSON: "),
+        (
+            lambda text: text.replace('"validation_complete": true', '"validation_complete": false'),
+            r"identity",
+        ),
+        (lambda text: "[]", r"manifest.json is damaged \(not a cache manifest: "),
+        (
+            lambda text: text.replace('"splits"', '"split"'),
+            r"manifest.json is damaged \(missing field 'splits'\)",
+        ),
+    ],
+    ids=["torn", "modified", "not-a-manifest", "missing-field"],
+)
+def test_the_advice_for_a_damaged_manifest_rebuilds_the_cache(
+    small, tiny_recipe_args, tmp_path, capsys, damage, reason
+):
+    """Following the one line's advice gives a working cache (deleting only the manifest, as it used to
+    say, is refused: 'exists but is not a token cache')."""
+    recipe = small("damaged")
+    first = prepare_cache(recipe, progress=False)
+    manifest = tmp_path / "damaged" / "manifest.json"
+    manifest.write_text(damage(manifest.read_text()))
+    for _ in range(2):  # rerunning as it is never helps
+        with pytest.raises(DataError, match=reason) as err:
+            prepare_cache(recipe, progress=False)
+    message = str(err.value)
+    assert "\n" not in message and message.endswith(
+        f"; delete the token cache directory {tmp_path / 'damaged'} and run prepare again"
+    )
+    argv = ["prepare", "--config", "tiny", "--no-progress"]
+    for setting in [*tiny_recipe_args(tmp_path / "damaged"), "data.prepare_train_tokens=5000"]:
+        argv += ["--set", setting]
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    follow_advice(message)
+    again = prepare_cache(recipe, progress=False)
+    assert not again.reused and again.identity == first.identity
+    assert prepare_cache(recipe, progress=False).reused

@@ -128,6 +128,18 @@ def test_export_directory_holds_the_hf_files_and_a_card(tiny_export, tiny_run, t
     assert all(1 <= item["new_tokens"] <= 12 for item in meta["samples"]["items"])
 
 
+def test_every_exported_file_follows_the_umask(tiny_export):
+    """A colleague loads an export as readily as its writer (safetensors' own writer makes 0600 files)."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tiny_export.iterdir()}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
+    assert stat.S_IMODE(tiny_export.stat().st_mode) == 0o777 & ~umask
+
+
 def test_directory_differs_from_transformers_save_pretrained_only_as_the_card_says(tiny_export, tmp_path):
     theirs = saved_by_transformers(tiny_export, tmp_path / "theirs")
     found = directory_differences(tiny_export, theirs)
@@ -487,3 +499,25 @@ def test_an_export_embeds_no_absolute_local_path(tiny_export, tiny_run, tiny_rec
             if local in text:
                 leaks[path.name] = local
     assert leaks == {}
+
+
+def test_export_into_the_working_directory_is_refused_and_leaves_nothing(
+    tiny_run, tmp_path, monkeypatch, capsys
+):
+    """`--output . --force` from inside an earlier export: a rename cannot move the working directory
+    (EBUSY), which left `..old.*` folders behind. Refused in one line, before any work."""
+    recipe, run_dir = tiny_run
+    output = tmp_path / "out"
+    assert main(["export", "--run", str(run_dir), "--output", str(output)]) == 0
+    before = {p.name: p.read_bytes() for p in output.iterdir()}
+    capsys.readouterr()
+    monkeypatch.chdir(output)
+    for target in (".", str(output), "..", str(tmp_path)):
+        assert main(["export", "--run", str(run_dir), "--output", target, "--force"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"error: --output {target} is the working directory or holds it, which cannot be replaced; "
+            "choose a new path, such as a subdirectory\n"
+        )
+    assert {p.name: p.read_bytes() for p in output.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

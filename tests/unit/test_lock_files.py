@@ -4,7 +4,10 @@ GPU slots in a private directory of this user's."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,123 @@ def test_a_predictable_lock_directory_planted_as_a_symlink_is_refused(
     with pytest.raises(device_module.GpuLocksUnavailable, match="symbolic link"):
         device_module.claim_first_free([device_module.gpu_lock_dir() / "gpu-0.lock"])
     assert list(elsewhere.iterdir()) == []
+
+
+def refuse_write_opens(monkeypatch: pytest.MonkeyPatch, lock: Path, *, reads: bool = True) -> None:
+    """``lock`` behaves as another user's 0644 lock file (0600 when ``reads`` is false), whatever our uid."""
+    real_open = os.open
+
+    def as_a_colleague(path, flags, *args):  # noqa: ANN001, ANN202
+        if Path(path) == lock and (flags & (os.O_WRONLY | os.O_RDWR) or not reads):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", as_a_colleague)
+
+
+def test_a_colleagues_lock_file_is_locked_read_only_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared token cache's lock, created 0644 by the colleague who prepared first: flock needs no write."""
+    lock = tmp_path / "cache.lock"
+    lock.write_text("their-host 123\n")
+    lock.chmod(0o644)
+    refuse_write_opens(monkeypatch, lock)
+    with (
+        exclusive_lock(lock, "token cache x"),
+        pytest.raises(RunStateError, match=r"^token cache x is in use by another process"),
+        exclusive_lock(lock, "token cache x"),
+    ):
+        pass
+    assert lock.read_text() == "their-host 123\n" and stat.S_IMODE(lock.stat().st_mode) == 0o644
+
+
+def test_a_lock_file_that_cannot_be_opened_at_all_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = tmp_path / "cache.lock"
+    lock.write_text("their-host 123\n")
+    lock.chmod(0o600)
+    refuse_write_opens(monkeypatch, lock, reads=False)
+    with pytest.raises(RunStateError) as err, exclusive_lock(lock, "token cache x"):
+        pass
+    assert str(err.value) == (
+        f"token cache x: cannot open its lock {lock} (Permission denied); its owner can make it readable "
+        "to you (chmod a+r), or remove it, and rerun"
+    )
+    assert lock.read_text() == "their-host 123\n" and stat.S_IMODE(lock.stat().st_mode) == 0o600
+
+
+def test_a_read_only_lock_on_a_filesystem_that_needs_write_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS emulates flock with byte-range locks, which refuse a read-only fd (EBADF)."""
+    import errno
+    import fcntl
+
+    lock = tmp_path / "cache.lock"
+    lock.write_text("")
+    refuse_write_opens(monkeypatch, lock)
+
+    def byte_range_lock(fd: int, op: int) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", byte_range_lock)
+    with pytest.raises(RunStateError) as err, exclusive_lock(lock, "token cache x"):
+        pass
+    assert str(err.value) == (
+        f"token cache x: cannot lock {lock} read-only on its filesystem; its owner can make it writable to "
+        "you (chmod a+w), or remove it, and rerun"
+    )
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may enter (pytest's tmp_path lies under a private one)."""
+    directory = Path(tempfile.mkdtemp(prefix="tiny-llm-shared-"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a lock file of another user needs root to make")
+def test_a_lock_file_of_another_user_is_taken_read_only(shared_dir: Path) -> None:
+    """As a second user (forked, uid 4242): the first user's 0644 lock in a shared directory."""
+    lock = shared_dir / "cache.lock"
+    with exclusive_lock(lock, "token cache x"):
+        pass
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o644 & ~current_umask()
+    before = lock.read_bytes()
+    pid = os.fork()
+    if pid == 0:  # the colleague
+        code = 1
+        try:
+            os.setgid(4242)
+            os.setuid(4242)
+            with exclusive_lock(lock, "token cache x"):
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lock.read_bytes() == before and lock.stat().st_uid == 0
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_lock_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared cache's directory this user may not write, with no lock file in it yet."""
+    lock = tmp_path / "shared" / "cache.lock"
+    lock.parent.mkdir()
+    refuse_write_opens(monkeypatch, lock)
+    with pytest.raises(RunStateError) as err, exclusive_lock(lock, "token cache x"):
+        pass
+    assert str(err.value) == (
+        f"token cache x: cannot create its lock {lock} (Permission denied); make {lock.parent} writable to "
+        "you, or choose another location, and rerun"
+    )
+    assert list(lock.parent.iterdir()) == []

@@ -19,8 +19,8 @@ import numpy as np
 
 from tiny_llm.data.sources import SPLITS, Split, is_local_dataset
 from tiny_llm.data.tokenizer import is_local_reference, load_tokenizer
-from tiny_llm.errors import DataError
-from tiny_llm.io import canonical_json, read_json
+from tiny_llm.errors import DamagedFileError, DataError
+from tiny_llm.io import canonical_json, damaged_message, read_json
 
 MANIFEST_VERSION = 1
 DTYPE = np.dtype("<u2")
@@ -199,6 +199,12 @@ def _cumulative(sizes: list[int]) -> list[int]:
     return starts
 
 
+def rebuild_hint(path: Path) -> str:
+    """How to make a damaged cache again: prepare reuses a directory that holds a manifest (and refuses a
+    non-empty one without), so deleting the manifest alone, or rerunning prepare as it is, leads nowhere."""
+    return f"delete the token cache directory {path} and run prepare again"
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a complete cache, structurally checked; DataError otherwise."""
     file = path / "manifest.json"
@@ -209,21 +215,26 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{path} is not a complete token cache (no manifest.json); run prepare into a new directory"
         )
     try:
-        manifest = read_json(file)
+        manifest = read_json(file, rebuild_hint(path))
+    except DamagedFileError as exc:
+        raise DataError(str(exc)) from None
+    try:
         version = manifest["version"]
         for split in SPLITS:
             for shard in manifest["splits"][split]["shards"]:
                 shard["file"], shard["tokens"], shard["sha256"]  # noqa: B018 - structural check
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(
-            f"token cache {path}: unreadable manifest.json ({exc}); prepare the cache again"
-        ) from None
+    except (KeyError, TypeError) as exc:
+        reason = f"missing field {exc}" if isinstance(exc, KeyError) else f"not a cache manifest: {exc}"
+        raise DataError(damaged_message(file, reason, rebuild_hint(path))) from None
     if version != MANIFEST_VERSION:
         raise DataError(
-            f"token cache {path}: manifest version {version}, expected {MANIFEST_VERSION}; prepare again"
+            f"token cache {path}: manifest version {version}, expected {MANIFEST_VERSION}; prepare a new "
+            f"data.cache_dir, or {rebuild_hint(path)}"
         )
     if manifest.get("identity") != manifest_identity(manifest):
-        raise DataError(f"token cache {path}: manifest.json was modified (identity mismatch); prepare again")
+        raise DataError(
+            f"token cache {path}: manifest.json was modified (identity mismatch); {rebuild_hint(path)}"
+        )
     return manifest
 
 
@@ -235,7 +246,7 @@ def open_cache(path: str | os.PathLike[str], verify: bool = True) -> TokenCache:
         shards = manifest["splits"][split]["shards"]
         if sum(s["tokens"] for s in shards) != manifest["splits"][split]["tokens"]:
             raise DataError(
-                f"token cache {path}: {split} shard sizes disagree with the manifest; prepare again"
+                f"token cache {path}: {split} shard sizes disagree with the manifest; {rebuild_hint(path)}"
             )
         for shard in shards:
             file = path / shard["file"]

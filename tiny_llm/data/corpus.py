@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import replacing_directory
+from tiny_llm.io import check_replaceable, replacing_directory
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 LEE_FILE = "lee_background.cor"
@@ -207,12 +207,14 @@ def split_documents(
     return train, validation
 
 
-def write_c4_dir(output: Path, train: list[Document], validation: list[Document]) -> dict[str, int]:
-    """Write ``c4-{split}.NNNNN-of-NNNNN.json.gz`` shards into a fresh directory, renamed into place."""
+def write_c4_dir(
+    output: Path, train: list[Document], validation: list[Document], *, force: bool = False
+) -> dict[str, int]:
+    """Write ``c4-{split}.NNNNN-of-NNNNN.json.gz`` shards into a fresh directory, renamed into place: an
+    earlier one of ours is replaced only with ``force``, and a directory tiny-llm did not write (real C4
+    shards have the same names) never."""
     output = Path(output)
-    if output.exists() and any(not p.name.startswith("c4-") for p in output.iterdir()):
-        raise DataError(f"--output {output} exists and holds other files; choose a new directory")
-    with replacing_directory(output, marked=False) as tmp:  # guarded above: only c4- shards
+    with replacing_directory(output, force=force) as tmp:
         counts = {
             split: _write_split(tmp, split, docs)
             for split, docs in (("train", train), ("validation", validation))
@@ -242,12 +244,14 @@ def _write_split(directory: Path, split: str, documents: list[Document]) -> int:
 
 
 def build_demo_corpus(
-    output: Path, validation_fraction: float = 0.05, max_chars: int | None = None
+    output: Path, validation_fraction: float = 0.05, max_chars: int | None = None, *, force: bool = False
 ) -> dict[str, int]:
-    """The embedded demo corpus as a C4-format directory; returns document counts per split."""
+    """The embedded demo corpus as a C4-format directory (an earlier one replaced only with ``force``);
+    returns document counts per split."""
     check_validation_fraction(validation_fraction)  # before the seconds of parsing
+    check_replaceable(output, force=force)
     train, validation = split_documents(demo_documents(max_chars), validation_fraction)
-    counts = write_c4_dir(output, train, validation)
+    counts = write_c4_dir(output, train, validation, force=force)
     counts["train_chars"] = sum(len(d.text) for d in train)
     counts["validation_chars"] = sum(len(d.text) for d in validation)
     return counts

@@ -3,7 +3,8 @@
 Publishing is atomic: shards are written into ``<cache>.partial/``, each fsynced and hashed, then the
 manifest, then the directory is renamed to ``<cache>``. A sibling ``<cache>.lock`` (flock) makes a
 second preparer fail fast; a ``.partial`` found while holding the lock is stale (its writer died) and
-is removed. A complete cache is never modified: more tokens or other settings need a new directory.
+is removed when it carries the marker its preparer writes first (anything else there is refused and
+kept). A complete cache is never modified: more tokens or other settings need a new directory.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tiny_llm.data.tokenizer import (
     load_tokenizer,
 )
 from tiny_llm.errors import DataError, DiskFullError
-from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir, is_disk_full
+from tiny_llm.io import OUTPUT_MARKER, atomic_write_json, exclusive_lock, fsync_dir, is_disk_full
 
 T = TypeVar("T")
 PREFETCH_BATCHES = 8
@@ -93,15 +94,15 @@ def prepare_cache(
         if (cache_dir / "manifest.json").exists():  # another preparer published it while we waited to start
             return _reuse(cache_dir, recipe, need, started)
         partial = cache_dir.with_name(cache_dir.name + ".partial")
-        if partial.exists():
-            _log(f"removing stale partial cache {partial} (its preparer did not finish)")
-            shutil.rmtree(partial)
+        remove_stale_partial(partial)
         partial.mkdir()
         try:
+            (partial / OUTPUT_MARKER).write_text(PARTIAL_MARKER_TEXT)  # ours to delete, should we die
             manifest = _write_cache(partial, recipe, need, progress, tokenizer)
             if cache_dir.exists():
                 cache_dir.rmdir()  # an empty placeholder directory
             os.replace(partial, cache_dir)
+            (cache_dir / OUTPUT_MARKER).unlink()  # the cache holds what it always held
             fsync_dir(cache_dir.parent)
         except BaseException as exc:
             shutil.rmtree(partial, ignore_errors=True)
@@ -123,6 +124,28 @@ def prepare_cache(
         validation_complete=manifest["validation_complete"],
         seconds=time.perf_counter() - started,
     )
+
+
+PARTIAL_MARKER_TEXT = "a token cache being written by tiny-llm prepare; deleted if its preparer died\n"
+
+
+def remove_stale_partial(partial: Path) -> None:
+    """Delete the ``<cache>.partial`` of a preparer that died (the caller holds the cache's lock): only one
+    carrying our OUTPUT_MARKER, or an empty one; a directory or file of anyone else's is refused, kept."""
+    if not partial.exists() and not partial.is_symlink():
+        return
+    if partial.is_symlink() or not partial.is_dir():
+        raise DataError(f"{partial} is in the way of the token cache's partial copy; move it away and rerun")
+    if (partial / OUTPUT_MARKER).is_file():
+        _log(f"removing stale partial cache {partial} (its preparer did not finish)")
+        shutil.rmtree(partial)
+    elif any(partial.iterdir()):
+        raise DataError(
+            f"{partial} is not a partial cache tiny-llm wrote (no {OUTPUT_MARKER}), and the token cache is "
+            "written there before it is published: move it away and rerun, or choose another data.cache_dir"
+        )
+    else:
+        partial.rmdir()
 
 
 def _reuse(cache_dir: Path, recipe: RecipeConfig, need: int, started: float) -> PrepareResult:

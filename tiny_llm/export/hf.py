@@ -36,6 +36,7 @@ from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
 from tiny_llm.io import check_replaceable, read_json, replacing_directory
 from tiny_llm.model import Llama
 from tiny_llm.progress import counted
+from tiny_llm.runtime.engine import write_safetensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BOS_SCAN_TOKENS = 16_777_216
@@ -223,8 +224,6 @@ def export_model(
     cache = open_cache(recipe.data.cache_dir, verify=False)
     cache.check_compatible(recipe)
     tensors = to_hf_state_dict(state, DTYPES[dtype])
-    from safetensors.torch import save_file
-
     output = Path(output)
     with replacing_directory(output, force=force) as tmp:
         facts = export_tokenizer(
@@ -234,7 +233,8 @@ def export_model(
         trained = (training or {}).get("tokens_per_model") or (training or {}).get("tokens")
         start = document_start(cache, facts, trained)
         facts = set_bos_token(tmp, facts, start["token"], start["id"])
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # the umask's mode like every other file here (safetensors' save_file makes it 0600)
+        write_safetensors(tmp / "model.safetensors", tensors)
         gguf_facts = _write_gguf(tmp, output.name, recipe, tensors, facts) if gguf else None
         sampling = prompts.sampling if prompts else SamplingConfig()
         _write_json(tmp / "config.json", llama_config(recipe, facts, dtype))

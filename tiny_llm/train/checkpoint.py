@@ -112,9 +112,8 @@ def load_state(path: Path, *, lazy: bool = False) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=lazy)
     except FileNotFoundError:
         raise RunStateError(f"resume state not found: {path}") from None
-    except (OSError, MemoryError) as exc:
-        raise unreadable(path, exc) from None
-    except Exception as exc:  # damaged (if its checksums fail) or refused by the loader
+    except Exception as exc:  # damaged (if its checksums fail: memory-mapping a file truncated to 4-64 KiB
+        # fails with EINVAL), an access, I/O or memory error, or the loader's refusal
         if lazy:
             verify_state_file(path)  # DamagedStateError when it is damaged
         raise unreadable(path, exc) from None

@@ -43,7 +43,8 @@ def non_finite_reason(loss: float, grad_norm: float) -> str:
 
 
 class ModelEngine:
-    """One Llama model, FP32 master weights, AdamW, gradient accumulation over microbatches."""
+    """One Llama model, FP32 master weights, AdamW (or Muon with AdamW), gradient accumulation over
+    microbatches."""
 
     def __init__(self, recipe: RecipeConfig, device: torch.device) -> None:
         self.recipe = recipe

@@ -107,6 +107,7 @@ class GraphEngine(ModelEngine):
 
     def _use_device_lr(self) -> None:
         """Point the optimizer at the device lr (a loaded state brings a float lr and capturable false)."""
+        assert isinstance(self.optimizer, torch.optim.AdamW)  # the recipe refuses cuda_graph under muon
         for group in self.optimizer.param_groups:
             if not isinstance(group["lr"], torch.Tensor):
                 self.lr.fill_(group["lr"])

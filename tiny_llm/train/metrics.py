@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -16,8 +17,20 @@ from tiny_llm.progress import TrainBar, on_terminal
 RESUMABLE_EVENTS = ("train", "validation")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: what no writer here makes
+        raise ValueError(f"non-finite number {text}")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl ([] if there is none); a line that is not a JSON object is skipped.
+    """The rows of a metrics.jsonl ([] if there is none); a line that is not a JSON object, or that holds
+    NaN or an infinity (which the writer refuses, so no run wrote it), is skipped.
 
     Rows are appended one line at a time, so a bad line is one torn by a killed process or a full disk, or one
     damaged later: only that line is lost, never the rows after it (resuming rewrites the file without it).
@@ -28,8 +41,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
+        except ValueError:  # JSONDecodeError, a non-finite number, an integer of too many digits
             continue
         if isinstance(row, dict):
             rows.append(row)

@@ -12,18 +12,65 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RecipeConfig, identity_differences, recipe_identity_payload
-from tiny_llm.errors import RunStateError
-from tiny_llm.io import REPLACED_INFIX, atomic_write_json, fsync_dir, read_json
+from tiny_llm.errors import ConfigError, RunStateError
+from tiny_llm.io import REPLACED_INFIX, atomic_write_json, fsync_dir, is_atomic_temp, read_json
 from tiny_llm.train import checkpoint
 from tiny_llm.train.metrics import RunLog
 
 LOCK_FILE = ".lock"
+STARTUP_FILES = (LOCK_FILE, "run.log", "resolved.yaml")
+"""What a run of ours may hold before its first status.json and environment.json (killed at its start)."""
+
+
+def check_run_dir_name(run_dir: Path) -> None:
+    """Refuse a run directory named like one set aside (``<run>.replaced-N``): every report skips those."""
+    if REPLACED_INFIX in run_dir.name:
+        raise ConfigError(
+            f"runtime.output_dir {run_dir}: a name holding {REPLACED_INFIX!r} is kept for runs set aside, "
+            "which reports leave out; choose another name"
+        )
+
+
+def holds_our_run(run_dir: Path, keep: Sequence[Path] = ()) -> bool:
+    """Whether ``run_dir`` is new, empty or holds a run of ours: a run's identity (result.json or
+    environment.json), its status.json or a training state, or nothing but the files a run writes at its
+    start, our temp files and ``keep`` (the recipe a workflow wrote there before training)."""
+    if not run_dir.is_dir() or recorded_identity(run_dir) is not None or checkpoint.state_candidates(run_dir):
+        return True
+    try:
+        status = read_json(run_dir / "status.json")
+        if isinstance(status, dict) and {"status", "step", "tokens"} <= status.keys():
+            return True
+    except (OSError, ValueError):
+        pass
+    kept = {os.path.abspath(path) for path in keep}
+    return all(
+        entry.name in STARTUP_FILES or is_atomic_temp(entry.name) or os.path.abspath(entry) in kept
+        for entry in run_dir.iterdir()
+    )
+
+
+def claim_run_dir(run_dir: Path, keep: Sequence[Path] = ()) -> Path:
+    """``run_dir`` created, where its name is a run's and it is new, empty or holds a run of ours; otherwise a
+    one-line error before anything is written there (no lock file either)."""
+    check_run_dir_name(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunStateError(f"runtime.output_dir {run_dir} exists and is not a directory; choose a new path")
+    if not holds_our_run(run_dir, keep):
+        raise RunStateError(
+            f"runtime.output_dir {run_dir} is a non-empty directory that holds no tiny-llm run; "
+            "choose a new or empty directory"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def remove_stale_temps(run_dir: Path) -> None:
-    """Temp files of a writer killed mid-write (the caller holds the lock, so none is being written)."""
+    """Temp files of our atomic writes killed mid-write (the caller holds the lock, so none is being
+    written); any other file, a user's ``.notes.tmp`` too, stays."""
     for stale in run_dir.glob(".*.tmp"):
-        stale.unlink(missing_ok=True)
+        if is_atomic_temp(stale.name):
+            stale.unlink(missing_ok=True)
 
 
 def check_resumable(
