@@ -281,7 +281,9 @@ def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
 def data(s: Setup) -> Step:
     """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
     cmds = [
-        Command("data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus)), s.on(5, 120)),
+        Command(
+            "data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus), "--force"), s.on(5, 120)
+        ),
         Command(
             "data.tokenizer",
             s.tiny_llm(
