@@ -44,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from tiny_llm.tuning.tuner import kill_group  # SIGTERM the group, SIGKILL what is left
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -146,20 +148,6 @@ class Clock:
         return None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the call's process group (snakemake and its jobs), SIGKILL what is left 5 s later."""
-    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 3)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_step(name: str, cmd: list[str], log: Path, clock: Clock) -> dict[str, Any]:
     start = time.perf_counter()
     left = clock.left()
@@ -174,7 +162,7 @@ def run_step(name: str, cmd: list[str], log: Path, clock: Clock) -> dict[str, An
             proc.wait(left)
         except subprocess.TimeoutExpired:
             timed_out = True
-            stop(proc)
+            kill_group(proc)
     row = {
         "step": name,
         "returncode": proc.returncode,
@@ -265,7 +253,7 @@ def interrupt_step(cmd: list[str], workdir: Path, logs: Path, clock: Clock) -> d
                 continue
         timed_out = proc.poll() is None
         if timed_out:
-            stop(proc)
+            kill_group(proc)
     saved = sorted(str(p.relative_to(workdir)) for p in (workdir / "results").glob("campaign/**/latest.pt"))
     row = {"step": "interrupt", "returncode": proc.returncode, "signals": signals,
            "train_rows_at_signal": rows_at_signal, "seconds": round(time.perf_counter() - start, 1),
