@@ -15,7 +15,7 @@ import torch
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.engine import PackedEngine
 from tiny_llm.runtime.engine import Engine
-from tiny_llm.train import evaluate, loop
+from tiny_llm.train import evaluate, session
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import GraphEngine
 
@@ -35,14 +35,14 @@ def run_training(
     recipe: RecipeConfig,
     resume: str | None = None,
     quiet: bool = False,
-    plan: loop.Continuation | None = None,
+    plan: session.Continuation | None = None,
     *,
     set_aside_changed: bool = False,
     keep: tuple[Path, ...] = (),
 ) -> int:
     """Train ``recipe`` into runtime.output_dir (exit codes, set_aside_changed: ``tiny_llm.train.loop``;
     ``plan``: a trunk's stop and kept states, or a branch's starting state)."""
-    return loop.run_training(
+    return session.run_training(
         recipe,
         build_engine,
         resume=resume,

@@ -32,7 +32,7 @@ from tiny_llm.engines import build_engine
 from tiny_llm.errors import DataError, RunStateError
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model import Llama
-from tiny_llm.train import checkpoint, loop
+from tiny_llm.train import checkpoint, session
 
 FAST = {"noise_samples": 3, "random_samples": 2, "directions_per_pass": 4}
 TIMING = {"seconds", "hvp_seconds", "gradient_seconds"}
@@ -61,7 +61,7 @@ def train_recording(recipe) -> list[torch.Tensor]:
         engine.train_step = train_step
         return engine
 
-    assert loop.run_training(recipe, recording_engine, quiet=True) == 0
+    assert session.run_training(recipe, recording_engine, quiet=True) == 0
     return updates
 
 
@@ -397,7 +397,7 @@ def packed_run(tiny_cache, tiny_recipe_args, tmp_path_factory) -> Path:
         "runtime.cpu_threads=1",
         f"runtime.output_dir={run_dir}",
     ]
-    assert loop.run_training(load_recipe(["packed4-tiny"], sets), build_engine, quiet=True) == 0
+    assert session.run_training(load_recipe(["packed4-tiny"], sets), build_engine, quiet=True) == 0
     return run_dir
 
 

@@ -20,7 +20,7 @@ from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError
 from tiny_llm.runtime.device import check_cuda_graph
 from tiny_llm.runtime.engine import NonFiniteError, StepStats
-from tiny_llm.train import loop
+from tiny_llm.train import session
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import WARMUP_UPDATES, GraphEngine
 from tiny_llm.train.metrics import read_metrics
@@ -250,7 +250,7 @@ def test_a_training_run_through_the_static_update_is_the_ordinary_run(
     }
     for name, factory in factories.items():
         r = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / name, *sets)
-        assert loop.run_training(r, factory, quiet=True) == 0
+        assert session.run_training(r, factory, quiet=True) == 0
     assert stand_in.captured == 1 and stand_in.replays > 0
     assert metric_rows(tmp_path / "ordinary") == metric_rows(tmp_path / "static")
     replayed = [

@@ -18,7 +18,7 @@ from tiny_llm.io import read_json
 from tiny_llm.runtime import signals
 from tiny_llm.train import checkpoint, loop
 from tiny_llm.train.continuation import state_name
-from tiny_llm.train.loop import Continuation
+from tiny_llm.train.session import Continuation
 
 pytestmark = pytest.mark.slow
 

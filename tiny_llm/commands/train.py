@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
     from tiny_llm.engines import run_training
     from tiny_llm.errors import ConfigError
-    from tiny_llm.train.loop import Continuation
+    from tiny_llm.train.session import Continuation
 
     if args.from_state is not None and not args.from_state.is_file():
         raise ConfigError(f"--from-state: no state file {args.from_state}")

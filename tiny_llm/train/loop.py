@@ -1,4 +1,5 @@
-"""The training run: budgeted updates, per-epoch validation, checkpoints, resume, signals, results.
+"""The training run: budgeted updates, per-epoch validation, checkpoints, resume, signals, results
+(``tiny_llm.train.session`` claims, locks and resumes the run directory first).
 
 Exit codes: 0 complete, 130 interrupted (state saved when the policy allows), 1 failed (status.json says why).
 """
@@ -8,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import traceback
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +19,22 @@ from tiny_llm.budget import Budget, flops_per_token, kept_epochs, lr_at, make_bu
 from tiny_llm.config import RecipeConfig, recipe_identity, recipe_identity_payload, recipe_to_dict
 from tiny_llm.data.cache import TokenCache, open_cache
 from tiny_llm.data.loader import TrainLoader, iter_validation, validation_subset
-from tiny_llm.errors import DiskFullError, RunStateError
+from tiny_llm.errors import DiskFullError
 from tiny_llm.io import (
     atomic_write_json,
     atomic_write_yaml,
-    exclusive_lock,
 )
-from tiny_llm.model import count_parameters
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import DeviceTimer, check_cuda_graph, pin_for, setup_runtime, uses_compile
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, StepStats, UpdateAborted
-from tiny_llm.runtime.environment import capture_environment, device_name
+from tiny_llm.runtime.environment import device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint, continuation
 from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 from tiny_llm.train.progress import Progress, result_record, train_row, validation_row
-from tiny_llm.train.run_dir import (
-    LOCK_FILE,
-    already_complete,
-    check_identity,
-    check_resumable,
-    claim_run_dir,
-    remove_stale_temps,
-    resolve_resume,
-    write_status,
-)
+from tiny_llm.train.run_dir import check_resumable, write_environment, write_status
 from tiny_llm.train.tracking import Tracker, open_tracker
 
 EXIT_COMPLETE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -154,7 +142,15 @@ class Trainer:
         total = (start + blocks) * self.recipe.model.context_length  # every update's tokens (packed: all)
         self.log.start_bar(total, self.progress.tokens, len(self.schedule))
         self._write_status("running")
-        self._write_environment(resumed=state is not None and not branch)
+        write_environment(
+            self.run_dir,
+            self.device,
+            self.engine,
+            self.identity,
+            self.cache.identity,
+            uses_compile(self.recipe),
+            resumed=state is not None and not branch,
+        )
         self.session_start = self.clock.now()
         ev = self.recipe.evaluation
         subset = validation_subset(self.cache, self.recipe.model.context_length, ev.subset_blocks, ev.seed)
@@ -168,19 +164,6 @@ class Trainer:
         self.clock.bind(self.progress)
         self.metrics.truncate_to_step(self.progress.step)
         self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
-
-    def _write_environment(self, resumed: bool) -> None:
-        """environment.json of the session that started the run; a resumed session's goes to
-        environment-resume.json (the latest resume's), so the first one is kept."""
-        env = capture_environment(
-            self.device,
-            parameters=count_parameters(self.engine.eval_model()),
-            cache_identity=self.cache.identity,
-            recipe_identity=self.identity,
-            attention_kernels=self.engine.attention_kernels(),
-            compiled=uses_compile(self.recipe),
-        )
-        atomic_write_json(self.run_dir / ("environment-resume.json" if resumed else "environment.json"), env)
 
     # ------------------------------------------------------------------ the loop
 
@@ -427,68 +410,3 @@ class Trainer:
             self.tracker.close()
         if self._loader is not None:
             self._loader.close()
-
-
-# ---------------------------------------------------------------------- entry point
-
-
-@dataclass(frozen=True)
-class Continuation:
-    """Where a run stops and which states it keeps (a trunk), or the state it starts from (a branch)."""
-
-    stop_at_step: int | None = None
-    keep_states_at: tuple[int, ...] = ()
-    from_state: Path | None = None
-
-
-def run_training(
-    recipe: RecipeConfig,
-    build_engine: EngineFactory,
-    resume: str | None = None,
-    quiet: bool = False,
-    plan: Continuation | None = None,
-    *,
-    set_aside_changed: bool = False,
-    keep: Sequence[Path] = (),
-) -> int:
-    """Train ``recipe`` into runtime.output_dir with engines from ``build_engine``; see the module doc for
-    exit codes. ``tiny_llm.engines.run_training`` passes the engine the recipe needs. ``plan``: stop early
-    keeping states, or start from another run's state when the directory holds none. A directory holding a
-    run of another recipe is refused, or with ``set_aside_changed`` renamed aside (see check_identity)."""
-    plan = plan or Continuation()
-    run_dir = claim_run_dir(Path(recipe.runtime.output_dir), keep)  # refuses before the lock file
-    log = RunLog(run_dir / "run.log", quiet=quiet)
-    with exclusive_lock(run_dir / LOCK_FILE, f"run directory {run_dir}"), signals.stop_on_signals():
-        remove_stale_temps(run_dir)
-        given = None if resume == "auto" else resolve_resume(run_dir, resume, log)  # refuses before any work
-        trainer = Trainer(recipe, run_dir, log, build_engine)
-        trainer.stop_at, trainer.keep_at = plan.stop_at_step, set(plan.keep_states_at)
-        state_file = None if given is None else given[0]
-        if state_file is None or state_file.resolve().parent != run_dir.resolve():
-            # (an explicit resume from this directory's own state is refused by the state's own check,
-            # which names the key that changed)
-            check_identity(run_dir, trainer.identity, log, set_aside_changed, keep)
-        if resume == "auto" and already_complete(run_dir, trainer.identity):
-            log(f"{run_dir} is already complete")
-            return EXIT_COMPLETE
-        try:
-            path, state = given if given is not None else resolve_resume(run_dir, resume, log)
-            if path is None and plan.from_state is not None:
-                trainer.start(plan.from_state, branch=True)
-            else:
-                trainer.start(path, state)
-            return trainer.run()
-        except Interrupted:
-            return trainer.interrupt()
-        except (NonFiniteError, DiskFullError) as exc:
-            return trainer.fail(str(exc))
-        except RunStateError:
-            raise
-        except Exception as exc:
-            if not trainer.started:
-                raise
-            log(traceback.format_exc())
-            return trainer.fail(f"{type(exc).__name__}: {exc}")
-        finally:
-            with contextlib.suppress(Exception):
-                trainer.close()

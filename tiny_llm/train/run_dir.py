@@ -1,5 +1,6 @@
 """A run directory's own rules: its lock, which state a run resumes from, the recipe identity of the run it
-holds (refused or set aside when it is another's), whether that run is finished, and status.json.
+holds (refused or set aside when it is another's), whether that run is finished, status.json and
+environment.json.
 
 The training loop asks these; nothing here trains.
 """
@@ -11,9 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tiny_llm.config import RecipeConfig, identity_differences, recipe_identity_payload
 from tiny_llm.errors import ConfigError, RunStateError
 from tiny_llm.io import REPLACED_INFIX, atomic_write_json, fsync_dir, is_atomic_temp, read_json
+from tiny_llm.model import count_parameters
+from tiny_llm.runtime.engine import Engine
+from tiny_llm.runtime.environment import capture_environment
 from tiny_llm.train import checkpoint
 from tiny_llm.train.metrics import RunLog
 
@@ -91,6 +97,29 @@ def check_resumable(
 def write_status(run_dir: Path, status: str, step: int, tokens: int, **extra: Any) -> None:
     body = {"status": status, "step": step, "tokens": tokens, **extra}
     atomic_write_json(run_dir / "status.json", body)
+
+
+def write_environment(
+    run_dir: Path,
+    device: torch.device,
+    engine: Engine,
+    identity: str,
+    cache_identity: str,
+    compiled: bool,
+    *,
+    resumed: bool,
+) -> None:
+    """environment.json of the session that started the run; a resumed session's goes to
+    environment-resume.json (the latest resume's), so the first one is kept."""
+    env = capture_environment(
+        device,
+        parameters=count_parameters(engine.eval_model()),
+        cache_identity=cache_identity,
+        recipe_identity=identity,
+        attention_kernels=engine.attention_kernels(),
+        compiled=compiled,
+    )
+    atomic_write_json(run_dir / ("environment-resume.json" if resumed else "environment.json"), env)
 
 
 def resolve_resume(
