@@ -19,20 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from snakemake_driver import REPO, snakemake_command
+
+from tiny_llm.io import read_json
 
 
 def snakemake(workdir: Path, configfile: Path, cores: int, target: str) -> float:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-    ]
-    cmd += ["--configfile", str(configfile), "--replace-workflow-config", "--cores", str(cores), target]
+    cmd = snakemake_command(workdir, "--cores", str(cores), target, configfile=configfile)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
     if proc.returncode:
@@ -44,7 +37,7 @@ def job_times(workdir: Path) -> dict[str, dict[str, float]]:
     """Rule -> count / total / median job wall seconds, from .snakemake/metadata."""
     jobs: dict[tuple[str, object, float], float] = {}  # one record per output file: one entry per job
     for record in (workdir / ".snakemake" / "metadata").iterdir():
-        meta = json.loads(record.read_text())
+        meta = read_json(record)
         path = base64.urlsafe_b64decode(record.name.encode() + b"==").decode(errors="replace")
         if meta.get("starttime") and meta.get("endtime") and "campaign" in path:
             key = (meta["rule"], meta.get("job_hash"), meta["endtime"])
@@ -65,7 +58,7 @@ def job_times(workdir: Path) -> dict[str, dict[str, float]]:
 def run_rows(root: Path) -> list[dict]:
     rows = []
     for result_file in sorted(root.glob("stage*/*/result.json")):
-        result = json.loads(result_file.read_text())
+        result = read_json(result_file)
         rows.append(
             {
                 "run": result_file.parent.name,
@@ -90,7 +83,7 @@ def main() -> None:
     data_seconds = snakemake(args.workdir, args.configfile.resolve(), args.cores, "data")
     campaign_seconds = snakemake(args.workdir, args.configfile.resolve(), args.cores, "campaign")
     root = args.workdir / "results" / "campaign"
-    plan = json.loads((root / "campaign.json").read_text())
+    plan = read_json(root / "campaign.json")
     print(
         json.dumps(
             {

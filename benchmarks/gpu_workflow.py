@@ -43,10 +43,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from snakemake_driver import REPO, snakemake_command
 
 from tiny_llm.tuning.tuner import kill_group  # SIGTERM the group, SIGKILL what is left
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def sizes(kind: str) -> dict[str, Any]:
@@ -124,17 +123,10 @@ FULL_STEPS: list[tuple[str, list[str]]] = [
 
 
 def snakemake(workdir: Path, config: Path, cores: int, gpu: bool, *extra: str) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-    ]
-    cmd += ["--configfile", str(config), "--cores", str(cores)]
-    return cmd + (["--resources", "gpu=1"] if gpu else []) + list(extra)
+    resources = ["--resources", "gpu=1"] if gpu else []
+    return snakemake_command(
+        workdir, "--cores", str(cores), *resources, *extra, configfile=config, replace_config=False
+    )
 
 
 class Clock:

@@ -22,11 +22,8 @@ import time
 from pathlib import Path
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from faults import claim_workdir, slurm_profile  # noqa: E402 - as the fault benchmark does
+from faults_slurm import slurm_profile
+from snakemake_driver import claim_workdir, snakemake_command
 
 
 def workflow_config(num_jobs: int) -> dict:
@@ -57,14 +54,7 @@ def shims(directory: Path) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory"]
-    command += [
-        str(workdir),
-        "--configfile",
-        str(workdir / "config.yaml"),
-        "--replace-workflow-config",
-        *args,
-    ]
+    command = snakemake_command(workdir, *args, configfile=workdir / "config.yaml")
     log = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env)
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-from tiny_llm.runner import build_engine
 
 from tiny_llm.budget import parameter_count
 from tiny_llm.config import load_recipe
+from tiny_llm.engines import build_engine
 from tiny_llm.runtime.device import setup_runtime
 from tiny_llm.train import checkpoint
 

@@ -21,18 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from snakemake_driver import REPO, claim_workdir, snakemake_command
 
-from faults import claim_workdir  # noqa: E402 - a workdir is refused or marked as the fault benchmark's is
+from tiny_llm.io import read_json
 
 CANDIDATES = Path("results/cpu-tuning/candidates")
 
 
 def snakemake(workdir: Path, *args: str) -> float:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-    cmd += ["--directory", str(workdir), "--configfile", str(REPO / "workflow_config.yaml")]
-    cmd += ["--cores", "2", *args]
+    cmd = snakemake_command(workdir, "--cores", "2", *args, configfile=REPO / "workflow_config.yaml")
     started = time.monotonic()
     subprocess.run(cmd, cwd=workdir, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.monotonic() - started
@@ -44,7 +41,7 @@ def measured(folder: Path) -> dict[str, float]:
     for path in sorted(folder.glob("*.json")):
         if path.name.endswith(".worker.json"):  # the worker's own output beside the candidate's result
             continue
-        result = json.loads(path.read_text())
+        result = read_json(path)
         if result.get("status") == "ok" and not result.get("reused_from"):
             out[path.stem] = float(result["tokens_per_second"])
     return out

@@ -23,22 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from snakemake_driver import REPO, snakemake_command
+
+from tiny_llm.io import read_json
 
 
 def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(REPO / "workflow_config.yaml"),
-        *args,
-    ]
+    return snakemake_command(workdir, *args, configfile=REPO / "workflow_config.yaml")
 
 
 def dry_run(repeat: int) -> dict:
@@ -78,7 +69,7 @@ def job_times(workdir: Path) -> list[dict]:
     rows = {}
     for path in sorted((workdir / ".snakemake" / "metadata").glob("*")):
         try:
-            record = json.loads(path.read_text())
+            record = read_json(path)
             output = base64.b64decode(path.name.replace("@", "/")).decode()
         except (ValueError, UnicodeDecodeError):
             continue

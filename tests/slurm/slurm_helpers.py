@@ -19,8 +19,14 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SNAKEFILE = REPO / "Snakefile"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the shared command builder
+
+from snakemake_driver import REPO  # noqa: E402
+from snakemake_driver import SNAKEFILE as SNAKEFILE  # noqa: E402 - the tests import it from here
+from snakemake_driver import snakemake_command as repository_snakemake  # noqa: E402
+
+from tiny_llm.tuning.tuner import kill_group  # noqa: E402
+
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 
 # .ci/run sets this: there a missing or stopped cluster is a failure, not a reason to skip.
@@ -97,18 +103,7 @@ def derive_profile(
 
 
 def snakemake_command(workdir: Path, profile_dir: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--snakefile",
-        str(SNAKEFILE),
-        "--directory",
-        str(workdir),
-        "--workflow-profile",
-        str(profile_dir),
-        *args,
-    ]
+    return repository_snakemake(workdir, "--workflow-profile", str(profile_dir), *args)
 
 
 def run_snakemake(
@@ -135,7 +130,7 @@ def run_snakemake(
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc)
             out, err = proc.communicate()
         raise AssertionError(
             f"snakemake {' '.join(args)} ran over {timeout} s:\n{(out + err)[-6000:]}"
@@ -170,8 +165,7 @@ def interrupt(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_group(proc)
         raise
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RecipeConfig, load_recipe
+from tiny_llm.train.metrics import TIMING_FIELDS
 
 # 28 updates of 16 blocks in 3 epochs, each ending with a short update (5, 5 and 3 blocks).
 SMALL = [
@@ -18,17 +19,6 @@ SMALL = [
     "runtime.cpu_threads=1",
     "runtime.deterministic=true",
 ]
-TIMING_KEYS = {
-    "tokens_per_second",
-    "training_seconds",
-    "cumulative_training_seconds",
-    "elapsed_tokens_per_second",
-    "peak_memory_bytes",
-    "evaluation_peak_memory_bytes",
-    "seconds",
-    "mfu",
-    "evaluation_tokens_per_second",
-}
 
 
 def small_recipe(
@@ -45,4 +35,4 @@ def cli_sets(cache: Path, recipe_args: Callable[[Path], list[str]], run_dir: Pat
 def metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl without the wall-clock fields (which differ between any two runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS} for row in rows]

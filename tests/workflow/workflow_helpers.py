@@ -9,8 +9,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SNAKEFILE = REPO / "Snakefile"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the shared command builder
+
+from snakemake_driver import REPO  # noqa: E402
+from snakemake_driver import SNAKEFILE as SNAKEFILE  # noqa: E402 - the tests import it from here
+from snakemake_driver import snakemake_command as repository_snakemake  # noqa: E402
 
 WITHOUT_TORCH = (
     "import sys\nsys.modules['torch'] = None\nfrom snakemake.cli import main\nmain(sys.argv[1:])\n"
@@ -33,11 +36,9 @@ def snakemake_env() -> dict[str, str]:
 
 def snakemake_command(workdir: Path, configfile: Path | None, *args: str) -> list[str]:
     """A snakemake call on the repository's Snakefile with ``workdir`` as working directory."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(SNAKEFILE), "--directory", str(workdir)]
-    cmd += ["--quiet", "host"]  # every job's block, which the default profile leaves out of the console
-    if configfile is not None:
-        cmd += ["--configfile", str(configfile), "--replace-workflow-config"]
-    return cmd + list(args)
+    # Every job's block, which the default profile leaves out of the console; last, as --quiet takes all
+    # the words after it.
+    return repository_snakemake(workdir, *args, "--quiet", "host", configfile=configfile)
 
 
 def snakemake(

@@ -15,6 +15,25 @@ from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
 from tiny_llm.progress import TrainBar, on_terminal
 
 RESUMABLE_EVENTS = ("train", "validation")
+TIMING_FIELDS = frozenset(
+    {
+        "tokens_per_second",
+        "training_seconds",
+        "cumulative_training_seconds",
+        "elapsed_tokens_per_second",
+        "peak_memory_bytes",
+        "evaluation_peak_memory_bytes",
+        "seconds",
+        "mfu",
+        "seconds_this_session",
+        "training_elapsed_seconds",
+        "training_tokens_per_second",
+        "median_tokens_per_second",
+        "evaluation_tokens_per_second",
+    }
+)
+"""Fields of metrics rows, result.json and rankings that measure time or memory: no two runs share them, so a
+comparison of two runs' records leaves them out."""
 
 
 def _finite(text: str) -> float:

@@ -1,0 +1,83 @@
+"""The fault benchmark's Snakemake driver: the campaign's controller and the training processes it starts."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from snakemake_driver import snakemake_command as repository_snakemake
+
+
+def snakemake_command(workdir: Path, launch: list[str], *args: str) -> list[str]:
+    """``launch``: how jobs run, ``["--cores", "2"]`` or ``["--workflow-profile", DIR]`` (Slurm)."""
+    return repository_snakemake(workdir, *launch, *args, configfile=workdir / "config.yaml")
+
+
+def _process_options(workdir: Path, out: Any) -> dict[str, Any]:
+    """How every snakemake process here runs: in the workdir, output appended to a log, no stdin."""
+    streams = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+    return {"cwd": workdir, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, **streams}
+
+
+def run_snakemake(workdir: Path, launch: list[str], *args: str, log: str, timeout: float = 1800) -> int:
+    with open(workdir / log, "a") as out:
+        command = snakemake_command(workdir, launch, *args)
+        return subprocess.run(command, timeout=timeout, **_process_options(workdir, out)).returncode
+
+
+def start_controller(workdir: Path, launch: list[str]) -> subprocess.Popen:
+    """The campaign in its own session, so only the signals sent here reach it."""
+    out = open(workdir / "controller.log", "a")  # noqa: SIM115 - closed with the process
+    command = snakemake_command(workdir, launch, "campaign")
+    return subprocess.Popen(command, start_new_session=True, **_process_options(workdir, out))
+
+
+def trainers(workdir: Path) -> dict[int, Path]:
+    """Running training processes of this workdir's campaign (orphans included): pid -> run directory."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        is_trainer = Path(argv[0]).name.startswith("python") and argv[1:4] == ["-m", "tiny_llm", "train"]
+        if is_trainer and cwd == str(workdir) and "--config" in argv:
+            found[int(entry.name)] = (workdir / argv[argv.index("--config") + 1]).parent
+    return found
+
+
+def is_idle(run_dir: Path) -> bool:
+    """No trainer holds the run directory's lock."""
+    try:
+        fd = os.open(run_dir / ".lock", os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def wait_for_no_trainers(workdir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while trainers(workdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def kill_leftovers(workdir: Path) -> None:
+    for pid in trainers(workdir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
