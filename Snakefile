@@ -10,7 +10,8 @@ from snakemake.utils import min_version
 
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import STAGES, build_plan, load_schema
-from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm
+from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm, record_failed_jobs
+from tiny_llm.pipeline.schema import refuse_templates
 
 min_version("9.0")
 
@@ -35,6 +36,7 @@ mimetypes.add_type("application/yaml", ".yaml")
 NUMERICS_VERSION = 2
 
 try:
+    refuse_templates(workflow.configfiles)  # a workflow config is code, like this file: no templates on top
     PLAN = build_plan(
         config,
         load_schema(f"{workflow.basedir}/schemas/workflow_config.schema.yaml"),
@@ -71,6 +73,7 @@ include: "rules/packed.smk"
 include: "rules/export.smk"
 include: "rules/analysis.smk"
 include: "rules/horizons.smk"
+include: "rules/throughput.smk"
 
 
 rule all:
@@ -119,9 +122,15 @@ rule horizons:
         PLAN.targets("horizons"),
 
 
+rule throughput:
+    input:
+        PLAN.targets("throughput"),
+
+
 onstart:
     # after Snakemake's scheduler installed its own handler, which would wait for every running job to finish
     interrupt_on_sigterm(forward_to_jobs=workflow.local_exec)
+    record_failed_jobs()  # for the closing lines, whatever the console's quietness hides
 
 
 onsuccess:

@@ -58,11 +58,14 @@ rule train_campaign:
     resources:
         **PLAN.resources("campaign"),
     params:
+        plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
         threads=campaign_thread_flags,
+        launch=PLAN.launcher("campaign"),
     shell:
         # a run that diverged (non-finite loss) is recorded as a result ranked last; other failures fail the job
-        "python -m tiny_llm train --config {input.recipe:q} {params.threads:q} --resume auto --record-divergence "
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "{params.launch} tiny_llm train --config {input.recipe:q} {params.threads:q} --resume auto --record-divergence "
         "> {log:q} 2>&1"
 
 
@@ -82,8 +85,10 @@ rule select_run:
     conda:
         "../envs/report.yaml"
     params:
+        plan=plan_file_digests,
         stage=campaign_stage_number,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm campaign select --settings {input.settings:q} --stage {params.stage:q} "
         "--run {wildcards.run:q} > {log:q} 2>&1"
 
@@ -102,8 +107,10 @@ rule rank_stage:
     conda:
         "../envs/report.yaml"
     params:
+        plan=plan_file_digests,
         stage=campaign_stage_number,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm campaign rank --settings {input.settings:q} --stage {params.stage:q} > {log:q} 2>&1"
 
 

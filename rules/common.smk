@@ -18,6 +18,7 @@ from snakemake.exceptions import LockException
 from snakemake_interface_executor_plugins.settings import ExecMode
 
 from tiny_llm.errors import TinyLLMError
+from tiny_llm.io import read_json
 from tiny_llm.pipeline import write_plan_file
 from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock
 from tiny_llm.pipeline.layout import (
@@ -53,6 +54,10 @@ from tiny_llm.pipeline.layout import (
     RUN_RECIPE,
     RUN_RESULT,
     RUNS_REPORT,
+    THROUGHPUT_PLOT,
+    THROUGHPUT_POINT,
+    THROUGHPUT_SUMMARY,
+    THROUGHPUT_TABLE,
     TOKENIZER_DIR,
     TUNING_CANDIDATE,
     TUNING_PLAN,
@@ -72,6 +77,11 @@ wildcard_constraints:
 
 def plan_file_content(wildcards) -> dict:
     return PLAN.files.content(wildcards.plan_file)
+
+
+def plan_file_digests(wildcards, input) -> str:
+    """The plan files among a job's inputs and their digests: the job refuses one edited since it was written."""
+    return PLAN.files.expected(list(input))
 
 
 def words(flags: str) -> list[str]:
@@ -243,3 +253,20 @@ def horizon_branch_state(wildcards) -> str:
 def input_parents(wildcards, input) -> list[str]:
     """The directories of a rule's inputs (run directories, from their result.json), one argument each."""
     return [str(Path(path).parent) for path in input]
+
+
+# ----------------------------------------------------------------------------- throughput map
+
+
+def throughput_point_result(size, context, micro, trial) -> dict:
+    """A finished point's record, read through the checkpoint (the walk stops at one not yet measured)."""
+    point = checkpoints.bench_throughput.get(size=size, context=context, micro=micro, trial=trial)
+    return read_json(point.output[0])
+
+
+def throughput_points(wildcards) -> list[str]:
+    return PLAN.throughput.frontier_points(throughput_point_result)
+
+
+def throughput_point_inputs(wildcards) -> dict:
+    return PLAN.throughput.point_inputs(wildcards)

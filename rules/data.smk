@@ -47,5 +47,8 @@ rule prepare_cache:
     threads: PLAN.threads("data")
     resources:
         **PLAN.resources("data"),
+    params:
+        plan=plan_file_digests,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm prepare --config {input.recipe:q} > {log:q} 2>&1"

@@ -28,9 +28,11 @@ rule export_run:
     resources:
         **PLAN.resources("export"),
     params:
+        plan=plan_file_digests,
         run_dir=input_parent,
         options=words(PLAN.export.options()),
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm export --run {params.run_dir:q} --prompts {input.prompts:q} {params.options:q} "
         "--output {output:q} > {log:q} 2>&1"
 
@@ -49,8 +51,10 @@ rule export_best:
     resources:
         **PLAN.resources("export"),
     params:
+        plan=plan_file_digests,
         options=words(PLAN.export.options()),
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm export --best-of {input.ranking:q} --prompts {input.prompts:q} {params.options:q} "
         "--output {output:q} > {log:q} 2>&1"
 

@@ -30,11 +30,14 @@ rule train_trunk:
     resources:
         **PLAN.resources("horizons"),
     params:
+        plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
         flags=words(PLAN.horizons.trunk_flags()),
+        launch=PLAN.launcher("horizons"),
     shell:
-        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
-        "--set-aside-changed {params.flags:q} > {log:q} 2>&1"
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "{params.launch} tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} "
+        "--resume auto --set-aside-changed {params.flags:q} > {log:q} 2>&1"
 
 
 rule train_branch:
@@ -52,11 +55,14 @@ rule train_branch:
     resources:
         **PLAN.resources("horizons"),
     params:
+        plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
         state=horizon_branch_state,
+        launch=PLAN.launcher("horizons"),
     shell:
-        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
-        "--set-aside-changed --from-state {params.state:q} > {log:q} 2>&1"
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "{params.launch} tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} "
+        "--resume auto --set-aside-changed --from-state {params.state:q} > {log:q} 2>&1"
 
 
 rule report_horizons:

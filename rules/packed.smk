@@ -33,8 +33,10 @@ rule train_packed:
     resources:
         **PLAN.resources("packed"),
     params:
+        plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
         "--set-aside-changed > {log:q} 2>&1"
 
@@ -52,8 +54,10 @@ rule bench_packed:
     resources:
         **PLAN.resources("packed"),
     params:
+        plan=plan_file_digests,
         protocol=words(PLAN.packed.bench_protocol()),
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm benchmark-packed-worker --config {input.recipe:q} --execution {wildcards.execution:q} "
         "{params.protocol:q} --output {output:q} > {log:q} 2>&1"
 

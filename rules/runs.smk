@@ -19,10 +19,13 @@ rule train_run:
     resources:
         **PLAN.resources("runs"),
     params:
+        plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
+        launch=PLAN.launcher("runs"),
     shell:
-        "python -m tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} --resume auto "
-        "--set-aside-changed > {log:q} 2>&1"
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "{params.launch} tiny_llm train --config {input.recipe:q} --set runtime.cpu_threads={threads:q} "
+        "--resume auto --set-aside-changed > {log:q} 2>&1"
 
 
 rule evaluate_run:

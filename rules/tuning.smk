@@ -21,7 +21,10 @@ rule plan_tuning:
     localrule: True
     conda:
         "../envs/torch.yaml"
+    params:
+        plan=plan_file_digests,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm tune plan --name {wildcards.profile:q} --profile @{input.profile:q} --output {output:q} "
         "> {log:q} 2>&1"
 

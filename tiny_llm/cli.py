@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tiny_llm import __version__
@@ -36,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("tiny_llm.commands.generate", "continue a prompt with a checkpoint (KV cache)"),
     "samples": ("tiny_llm.commands.samples", "tables of exported models and their samples (report)"),
     "horizons-report": ("tiny_llm.commands.horizons_report", "loss against horizon of a WSD horizon study"),
+    "throughput": ("tiny_llm.commands.throughput", "throughput map: one point, its report, its estimate"),
 }
 
 
@@ -75,6 +77,15 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_workflow_inputs() -> None:
+    """A workflow job's plan files are the plan's (the rule passes their digests; tiny_llm.pipeline.files)."""
+    expected = os.environ.get("TINY_LLM_PLAN_FILES", "")
+    if expected:
+        from tiny_llm.pipeline.files import check_plan_files
+
+        check_plan_files(expected)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -86,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     module_name, help_text = COMMANDS[name]
     try:
+        check_workflow_inputs()
         module = importlib.import_module(module_name)
         parser = argparse.ArgumentParser(prog=f"tiny-llm {name}", description=help_text)
         module.configure_parser(parser)

@@ -12,20 +12,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
 from tiny_llm.budget import budget_problems, make_budget, packed_epoch_problems, parameter_count
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
+from tiny_llm.typed import build
 
 C4_REVISION = "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 TINYLLAMA_TOKENIZER = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
@@ -80,6 +77,9 @@ class DataConfig:
     """Tokens per full cache shard."""
     tokenize_batch_size: int = 256
     """Documents per tokenizer batch call."""
+    prepare_workers: int = field(default=1, metadata={"late": True})
+    """Processes that tokenize for `prepare`, feeding one writer in order (the cache's bytes do not depend
+    on it); 1 = tokenize in the preparing process."""
     buffer_size_mib: int = 64
     """Size of one contiguous loader read (and prefetch unit)."""
     prefetch: bool = True
@@ -103,7 +103,8 @@ class OptimizerConfig:
 
     name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
     """adamw: AdamW on every parameter. muon: torch.optim.Muon on the blocks' 2-D matrices (q/k/v/out,
-    gate/up/down), AdamW on the embedding/head and norm scales; not for packed training or CUDA graphs."""
+    gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over the workers); not
+    with runtime.cuda_graph."""
     lr: float = 1e-3
     """Peak learning rate (AdamW's; under muon, of the embedding/head and norm scales)."""
     beta1: float = 0.9
@@ -210,6 +211,12 @@ class RuntimeConfig:
     eager updates and replay it; CUDA only, with the fused optimizer; short epoch-end updates run eagerly."""
     cpu_threads: int | None = 8
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
+    memory_limit_mb: int | None = field(default=None, metadata={"late": True})
+    """benchmark-worker only: MiB the measurement may allocate (CPU: beyond what the set-up process holds;
+    CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap."""
+    num_gpus: int = 1
+    """Data-parallel ranks of one model (`torchrun --nproc-per-node num_gpus`; on the CPU, gloo processes):
+    each takes its share of every update's microbatches; batch, budget and data order stay one process's."""
     output_dir: str = "runs/default"
     """Run directory."""
 
@@ -282,9 +289,12 @@ EXECUTION_ONLY_FIELDS = frozenset(
         "runtime.output_dir",
         "runtime.device",
         "runtime.cpu_threads",
+        "runtime.memory_limit_mb",
+        "runtime.num_gpus",
         "data.cache_dir",
         "data.prefetch",
         "data.tokenize_batch_size",
+        "data.prepare_workers",
         "tracking",
     }
 )
@@ -367,107 +377,12 @@ def load_recipe(
 def recipe_from_dict(data: dict[str, Any]) -> RecipeConfig:
     """Build and validate a recipe; raise ConfigError listing every problem."""
     problems: list[str] = []
-    recipe = _build(RecipeConfig, data, "", problems)
+    recipe = build(RecipeConfig, data, "", problems)
     if not problems:
         problems.extend(cross_field_problems(recipe))
     if problems:
         raise ConfigError("invalid recipe: " + "\n  ".join(problems))
     return recipe
-
-
-def _build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
-    where = prefix.rstrip(".") or "recipe"
-    if not isinstance(data, dict):
-        problems.append(f"{where}: expected a mapping, got {_describe(data)}")
-        return None
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            hint = _close_match(str(key), names)
-            problems.append(f"{prefix}{key}: unknown key{hint}")
-    kwargs = {}
-    for name in names & set(data):
-        kwargs[name] = _convert(hints[name], data[name], f"{prefix}{name}", problems)
-    if any(p.startswith(prefix) for p in problems) and prefix:
-        return None
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a nested section failed and left None where a dataclass is needed
-        problems.append(f"{where}: {exc}")
-        return None
-
-
-# A number as a person writes it: YAML 1.1 (PyYAML) reads 1e-3 or 5E4 as strings, YAML 1.2 and people do not.
-NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def number_from_text(value: Any) -> Any:
-    """``value`` as an int or float when it is a string that spells a number, else unchanged."""
-    if not isinstance(value, str) or not NUMBER_TEXT.fullmatch(value.strip()):
-        return value
-    text = value.strip()
-    return int(text) if text.lstrip("+-").isdigit() else float(text)
-
-
-def _convert(hint: Any, value: Any, key: str, problems: list[str]) -> Any:
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        inner = [o for o in options if o is not type(None)]
-        return _convert(inner[0], value, key, problems)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices or isinstance(value, bool):
-            problems.append(f"{key}: expected one of {', '.join(map(str, choices))}, got {_describe(value)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            problems.append(f"{key}: expected a list, got {_describe(value)}")
-            return value
-        (item,) = typing.get_args(hint)
-        return [_convert(item, v, f"{key}[{i}]", problems) for i, v in enumerate(value)]
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _build(hint, {} if value is None else value, f"{key}.", problems)
-    if hint is bool:
-        if not isinstance(value, bool):
-            problems.append(f"{key}: expected true or false, got {_describe(value)}")
-        return value
-    if hint in (int, float):
-        value = number_from_text(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and math.isfinite(value):
-                return int(value)
-            problems.append(f"{key}: expected an integer, got {_describe(value)}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{key}: expected a number, got {_describe(value)}")
-            return value
-        if not math.isfinite(value):
-            problems.append(f"{key}: expected a finite number, got {value}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str) or not value:
-            problems.append(f"{key}: expected a non-empty string, got {_describe(value)}")
-        return value
-    raise TypeError(f"unsupported config type {hint} for {key}")  # a bug, not user input
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _close_match(key: str, names: set[str]) -> str:
-    import difflib
-
-    match = difflib.get_close_matches(key, sorted(names), n=1)
-    return f" (did you mean '{match[0]}'?)" if match else f" (allowed: {', '.join(sorted(names))})"
 
 
 # ----------------------------------------------------------------------------- checks
@@ -501,6 +416,7 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         "data.shuffle_buffer": recipe.data.shuffle_buffer,
         "data.shard_tokens": recipe.data.shard_tokens,
         "data.tokenize_batch_size": recipe.data.tokenize_batch_size,
+        "data.prepare_workers": recipe.data.prepare_workers,
         "data.buffer_size_mib": recipe.data.buffer_size_mib,
     }
     problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
@@ -535,6 +451,8 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
         problems.append(f"optimizer.grad_clip: must be > 0 or null, got {o.grad_clip}")
     if recipe.runtime.cpu_threads is not None and recipe.runtime.cpu_threads <= 0:
         problems.append(f"runtime.cpu_threads: must be > 0 or null, got {recipe.runtime.cpu_threads}")
+    if recipe.runtime.memory_limit_mb is not None and recipe.runtime.memory_limit_mb <= 0:
+        problems.append(f"runtime.memory_limit_mb: must be > 0 or null, got {recipe.runtime.memory_limit_mb}")
     if problems:
         return problems
     if m.width % m.num_heads:
@@ -588,7 +506,27 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
     problems += _muon_problems(recipe)
     problems += _cuda_graph_problems(recipe)
     problems += _packed_problems(recipe)
+    problems += _num_gpus_problems(recipe)
     return problems
+
+
+def _num_gpus_problems(recipe: RecipeConfig) -> list[str]:
+    """runtime.num_gpus splits the ordinary engine's microbatches evenly across ranks, and only that."""
+    k, t = recipe.runtime.num_gpus, recipe.training
+    if k == 1:
+        return []
+    if k < 1:
+        return [f"runtime.num_gpus: must be >= 1, got {k}"]
+    if recipe.decentralized is not None or recipe.runtime.cuda_graph:
+        what = "packed training (decentralized)" if recipe.decentralized is not None else "runtime.cuda_graph"
+        return [f"runtime.num_gpus: {k} ranks are not for {what}; set runtime.num_gpus 1"]
+    micro = -(-(t.batch_tokens // recipe.model.context_length) // t.micro_batch_size)
+    if micro % k:
+        return [
+            f"runtime.num_gpus: the {micro} microbatches of an update (training.batch_tokens / "
+            f"micro_batch_size) do not divide among {k} ranks; change training.micro_batch_size or num_gpus"
+        ]
+    return []
 
 
 MUON_KEYS = (
@@ -597,7 +535,7 @@ MUON_KEYS = (
 
 
 def _muon_problems(recipe: RecipeConfig) -> list[str]:
-    """The muon_* keys apply only under optimizer.name muon; Muon has no packed or captured update."""
+    """The muon_* keys apply only under optimizer.name muon; Muon has no captured update."""
     o = recipe.optimizer
     if o.name != "muon":
         return [
@@ -614,10 +552,6 @@ def _muon_problems(recipe: RecipeConfig) -> list[str]:
         problems.append(f"optimizer.muon_ns_steps: must be 1 to 99 or null, got {o.muon_ns_steps}")
     if o.muon_weight_decay is not None and o.muon_weight_decay < 0:
         problems.append(f"optimizer.muon_weight_decay: must be >= 0 or null, got {o.muon_weight_decay}")
-    if recipe.decentralized is not None:
-        problems.append(
-            "optimizer.name: muon is not implemented for packed training (decentralized); use adamw"
-        )
     if recipe.runtime.cuda_graph:
         problems.append("runtime.cuda_graph: captures the fused AdamW update only; set it false under muon")
     return problems

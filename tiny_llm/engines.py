@@ -15,7 +15,7 @@ import torch
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.engine import PackedEngine
 from tiny_llm.runtime.engine import Engine
-from tiny_llm.train import evaluate, session
+from tiny_llm.train import distributed, evaluate, session
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import GraphEngine
 
@@ -28,6 +28,8 @@ def build_engine(recipe: RecipeConfig, device: torch.device) -> Engine:
         return PackedEngine(recipe, device)
     if recipe.runtime.cuda_graph and device.type == "cuda":
         return GraphEngine(recipe, device)
+    if distributed.active():  # one of runtime.num_gpus ranks (the config refuses packed and graph runs)
+        return distributed.DistributedEngine(recipe, device)
     return ModelEngine(recipe, device)
 
 
@@ -41,16 +43,24 @@ def run_training(
     keep: tuple[Path, ...] = (),
 ) -> int:
     """Train ``recipe`` into runtime.output_dir (exit codes, set_aside_changed: ``tiny_llm.train.loop``;
-    ``plan``: a trunk's stop and kept states, or a branch's starting state)."""
-    return session.run_training(
-        recipe,
-        build_engine,
-        resume=resume,
-        quiet=quiet,
-        plan=plan,
-        set_aside_changed=set_aside_changed,
-        keep=keep,
-    )
+    ``plan``: a trunk's stop and kept states, or a branch's starting state). Under torchrun (or with
+    runtime.num_gpus > 1) this process trains as one rank of ``tiny_llm.train.distributed``."""
+
+    def train(rank_recipe: RecipeConfig, follower: bool) -> int:
+        return session.run_training(
+            rank_recipe,
+            build_engine,
+            resume=resume,
+            quiet=quiet or follower,
+            plan=plan,
+            set_aside_changed=set_aside_changed,
+            keep=keep,
+        )
+
+    ranks = distributed.launched_ranks()
+    if recipe.runtime.num_gpus == 1 and (ranks is None or ranks.world_size == 1):
+        return train(recipe, False)
+    return distributed.run_ranks(recipe, train)
 
 
 def evaluate_checkpoint(recipe: RecipeConfig, path: Path, *, full: bool) -> dict[str, object]:

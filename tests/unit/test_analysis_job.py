@@ -356,6 +356,20 @@ def test_cli_errors_are_one_line(trained: TrainedRun, tmp_path: Path, capsys: py
     assert capsys.readouterr().err == "error: --amp: BF16 autocast needs --dtype float32\n"
 
 
+def test_a_folder_of_a_users_files_is_refused_and_kept(
+    trained: TrainedRun, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    args = ["analyze", "--run", str(trained.run_dir), "--case", "seen", "--checkpoint", "final"]
+    assert main([*args, "--output", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --output {mine} ")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # no lock, no manifest
+    assert (mine / "notes.txt").read_text() == "precious"
+
+
 # ---------------------------------------------------------------------- fast path vs reference path
 
 

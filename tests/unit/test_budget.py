@@ -11,7 +11,13 @@ from tiny_llm.budget import lr_at, make_budget, parameter_count
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError
 
-PRESET_PARAMETERS = {"20m": 20_403_520, "50m": 48_507_392, "90m": 91_605_120}
+PRESET_PARAMETERS = {
+    "20m": 20_403_520,
+    "50m": 48_507_392,
+    "90m": 91_605_120,
+    "250m": 251_943_360,
+    "500m": 516_814_080,
+}
 
 
 @pytest.mark.parametrize(("preset", "expected"), PRESET_PARAMETERS.items())

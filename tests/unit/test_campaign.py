@@ -11,6 +11,7 @@ import yaml
 
 from tiny_llm import campaign
 from tiny_llm.budget import make_budget
+from tiny_llm.campaign.ranking import outcome_from
 from tiny_llm.cli import main
 from tiny_llm.config import recipe_from_dict
 from tiny_llm.errors import ConfigError, RunStateError
@@ -142,7 +143,7 @@ def test_children_copy_the_parents_whole_optimizer_block():
     [
         (lambda s: s["stages"][0].update(size="7m"), "unknown size '7m'"),
         (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 configurations of stage1"),
-        (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), "expected finite numbers"),
+        (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), r"lr\[1\]: expected a number, got str .x."),
         (lambda s: s["stages"][0].update(lr=[0.0]), "expected positive numbers"),
         (lambda s: s["stages"][1].update(lrs=[1e-3]), "unknown key"),
         (lambda s: s["stages"][0].update(seeds=[42, 42]), "values repeat"),
@@ -644,6 +645,74 @@ def test_explicit_points_instead_of_a_product():
             campaign.parse_campaign(broken, CLUSTER_SIZES, "results/campaign")
 
 
+def test_points_may_set_the_optimizer_name_and_muon_lr():
+    """name and muon_lr join a point's run id only where set (name adamw never); a point without them keeps
+    its run id, campaign identity and recipe."""
+    plain = {"stages": [{"size": "20m", "points": [{"lr": 5.6e-3}], "seeds": [1]}]}
+    section = json.loads(json.dumps(plain))
+    section["stages"][0]["points"] += [
+        {"lr": 5.6e-3, "name": "muon", "muon_lr": 2.8e-3},
+        {"lr": 1e-3, "name": "adamw"},
+    ]
+    config = campaign.parse_campaign(section, CLUSTER_SIZES, "results/campaign")
+    before = campaign.parse_campaign(plain, CLUSTER_SIZES, "results/campaign")
+    ids = [r.run_id for r in campaign.planned_runs(config)["stage1"]]
+    assert ids == ["20m-lr0.0056-s1", "20m-lr0.0056-muon-mlr0.0028-s1", "20m-lr0.001-s1"]
+    assert campaign.settings_dict(before)["stages"] == [
+        {"size": "20m", "points": [{"lr": 5.6e-3}], "seeds": [1]}
+    ]
+    again = campaign.config_from_settings(json.loads(json.dumps(campaign.settings_dict(config))))
+    assert again == config
+    template = campaign.load_templates(config)["20m"]
+    recipes = campaign.stage1_recipes(config, template)
+    assert recipes["20m-lr0.0056-s1"] == campaign.stage1_recipes(before, template)["20m-lr0.0056-s1"]
+    muon = recipes["20m-lr0.0056-muon-mlr0.0028-s1"]["optimizer"]
+    assert (muon["name"], muon["lr"], muon["muon_lr"], muon["beta2"]) == ("muon", 5.6e-3, 2.8e-3, 0.98)
+    for bad, message in [
+        ([{"lr": 1e-3}, {"lr": 1e-3, "name": "adamw"}], "run ids repeat"),
+        ([{"name": "sgd"}], "expected one of adamw, muon"),
+        ([{"name": "muon", "muon_lr": 0.0}], "muon_lr: expected positive"),
+    ]:
+        broken = json.loads(json.dumps(section))
+        broken["stages"][0]["points"] = bad
+        with pytest.raises(ConfigError, match=message):
+            campaign.parse_campaign(broken, CLUSTER_SIZES, "results/campaign")
+    adamw_only = campaign.parse_campaign(
+        {"stages": [{"size": "20m", "points": [{"muon_lr": 1e-3}]}]}, CLUSTER_SIZES, "results/campaign"
+    )
+    with pytest.raises(ConfigError, match="optimizer.muon_lr: applies only under optimizer.name muon"):
+        campaign.stage1_recipes(adamw_only, template)
+
+
+def test_an_adamw_muon_tie_goes_to_adamw_then_the_lower_muon_lr():
+    recipe = {"optimizer": {"lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95}}
+    result = {"final_validation": {"loss": 3.25}}
+    muon = {"optimizer": {**recipe["optimizer"], "name": "muon"}}
+    outcomes = [
+        outcome_from("m-high", result, {"optimizer": {**muon["optimizer"], "muon_lr": 2e-3}}),
+        outcome_from("m-default", result, muon),  # muon_lr null = lr
+        outcome_from("z-adamw", result, recipe),
+    ]
+    ranked = campaign.rank_configurations(outcomes)
+    assert [c.configuration for c in ranked] == ["z-adamw", "m-default", "m-high"]
+    rows = campaign.ranking_rows(ranked)
+    assert "name" not in rows[0] and "muon_lr" not in rows[0]  # an AdamW row is as before
+    assert (rows[1]["name"], rows[1]["muon_lr"], rows[2]["muon_lr"]) == ("muon", 1e-3, 2e-3)
+
+
+def test_the_optimizer_study_estimates_12_runs(capsys):
+    """config/optimizers-20m.yaml: AdamW at lr 0.0056 and Muon at three muon_lr, 3 seeds each (its dry run:
+    tests/workflow/test_workflow_static.py)."""
+    study = Path(__file__).resolve().parents[2] / "config" / "optimizers-20m.yaml"
+    assert run_cli("campaign", "estimate", "--workflow-config", str(study)) == 0
+    captured = capsys.readouterr()
+    estimate = json.loads(captured.out)
+    [stage] = estimate["stages"]
+    assert (stage["configurations"], stage["seeds"], stage["runs"]) == (4, 3, 12)
+    assert estimate["total_gpu_hours"] == pytest.approx(12 * 408_071_168 / 1_636_281 / 3600)
+    assert "stage1: 12 (4 configurations x 3 seeds) x 20m x 408,071,168 tokens -> 0.831 GPU-h" in captured.err
+
+
 @pytest.mark.parametrize(
     ("name", "runs", "gpu_hours"),
     [("packed8-awc", 240, 29.720), ("packed4-awc", 135, 16.718), ("packed4-atc", 72, 8.916)],
@@ -682,3 +751,22 @@ def test_the_reference_72_run_sweep_is_a_workflow_config(capsys):
     ]
     assert recipe["training"]["batch_tokens"] == 131072 and recipe["training"]["micro_batch_size"] == 128
     assert recipe["runtime"]["seed"] == 43 and recipe["optimizer"]["beta1"] == 0.9
+
+
+def test_plan_refuses_a_size_name_outside_the_campaign_root(tmp_path, capsys):
+    settings = campaign.settings_dict(tiny_config(tmp_path))
+    evil = "../../../X"
+    settings["sizes"] = {evil: settings["sizes"]["s"], **settings["sizes"]}
+    settings["stages"][0]["size"] = evil
+    assert run_cli("campaign", "plan", "--settings", json.dumps(settings)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sizes.../../../X: '../../../X' is not a valid name" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing written anywhere
+
+
+def test_the_schema_names_sizes_with_the_library_pattern():
+    from tiny_llm.campaign.stages import NAME_PATTERN
+    from tiny_llm.pipeline import load_schema
+
+    schema = load_schema(str(Path(__file__).parents[2] / "schemas" / "workflow_config.schema.yaml"))
+    assert schema["$defs"]["name"]["pattern"] == NAME_PATTERN

@@ -306,3 +306,22 @@ def test_the_advice_for_a_damaged_manifest_rebuilds_the_cache(
     again = prepare_cache(recipe, progress=False)
     assert not again.reused and again.identity == first.identity
     assert prepare_cache(recipe, progress=False).reused
+
+
+UMASK_027_CACHE = """
+import sys
+from pathlib import Path
+import numpy as np
+from tiny_llm.data.prepare import write_token_cache
+write_token_cache(Path(sys.argv[1]), np.arange(300), np.arange(100), shard_tokens=100)
+"""
+
+
+def test_the_manifest_follows_the_umask_like_the_shards(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    subprocess.run([sys.executable, "-c", UMASK_027_CACHE, str(cache)], check=True, umask=0o027, timeout=60)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in cache.iterdir() if p.is_file()}
+    assert modes["manifest.json"] == modes["train-00000.bin"] == 0o640, modes

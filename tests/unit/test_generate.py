@@ -182,7 +182,7 @@ def test_settings_are_validated_with_one_line(tmp_path) -> None:
     for text, message in (
         ("prompts: []\n", "non-empty list of strings"),
         ("prompts: [a]\ntemprature: 1\n", "unknown key"),
-        ("prompts: [a]\nmax_new_tokens: 1.5\n", "must be an integer"),
+        ("prompts: [a]\nmax_new_tokens: 1.5\n", "max_new_tokens: expected an integer"),
         ("prompts: [a]\ntop_k: 0\n", "top_k must be >= 1"),
         ("{", "not valid YAML"),
     ):

@@ -17,7 +17,9 @@ TOY = ModelConfig(vocab_size=97, num_layers=2, width=32, num_heads=4, ffn_width=
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("preset", ["tiny", "demo-s", "demo-m", "demo-l", "20m", "50m", "90m"])
+@pytest.mark.parametrize(
+    "preset", ["tiny", "demo-s", "demo-m", "demo-l", "20m", "50m", "90m", "250m", "500m"]
+)
 def test_parameter_count_matches_formula(preset: str) -> None:
     cfg = load_recipe([preset]).model
     with torch.device("meta"):

@@ -78,11 +78,10 @@ def test_bad_keys_are_one_line_naming_the_key(sets: list[str], message: str) -> 
     assert len(lines) == 1 and message in lines[0]
 
 
-def test_packed_muon_is_refused_in_one_line() -> None:
-    with pytest.raises(
-        ConfigError, match=r"^invalid recipe: optimizer.name: muon is not implemented for packed"
-    ):
-        load_recipe(["packed4-tiny"], ["optimizer.name=muon"])
+def test_packed_muon_is_a_recipe_and_a_captured_muon_update_is_refused_in_one_line() -> None:
+    assert load_recipe(["packed4-tiny"], ["optimizer.name=muon"]).optimizer.name == "muon"
+    with pytest.raises(ConfigError, match=r"^invalid recipe: runtime.cuda_graph: captures the fused AdamW"):
+        load_recipe(["tiny"], ["optimizer.name=muon", "runtime.cuda_graph=true"])
 
 
 # ----------------------------------------------------------------------------- the optimizer

@@ -316,11 +316,12 @@ def test_evaluate_run_dir_is_the_final_state_with_the_runs_recipe(
 ) -> None:
     """The evaluate_run rule's `evaluate --run DIR` = `--config DIR/resolved.yaml --checkpoint DIR/final.pt`:
     the rule need not know what a run directory holds."""
-    from train_helpers import TIMING_KEYS, small_recipe
+    from train_helpers import small_recipe
 
     from tiny_llm.cli import main
     from tiny_llm.engines import run_training
     from tiny_llm.io import read_json
+    from tiny_llm.train.metrics import TIMING_FIELDS
 
     run_dir = tmp_path / "run"
     recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.tokens_per_parameter=0.1")
@@ -329,7 +330,7 @@ def test_evaluate_run_dir_is_the_final_state_with_the_runs_recipe(
     assert main(["evaluate", "--run", str(run_dir), "--output", str(by_run)]) == 0
     files = ["--config", str(run_dir / "resolved.yaml"), "--checkpoint", str(run_dir / "final.pt")]
     assert main(["evaluate", *files, "--output", str(by_files)]) == 0
-    results = [{k: v for k, v in read_json(p).items() if k not in TIMING_KEYS} for p in (by_run, by_files)]
+    results = [{k: v for k, v in read_json(p).items() if k not in TIMING_FIELDS} for p in (by_run, by_files)]
     assert results[0] == results[1] and results[0]["split"] == "subset"
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run_dir), *files]) == 2

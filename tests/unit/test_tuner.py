@@ -540,7 +540,7 @@ def test_the_gh200_profile_plans_a_cuda_graph_candidate_for_the_best() -> None:
     off = make_plan(profile_from_dict("g", {**cluster.profile_mapping("gh200"), "cuda_graph": False}))
     assert [s.name for s in off.slots] == [s.name for s in plan.slots[:-1]]
     with pytest.raises(
-        ConfigError, match=r"^tuning.profiles.g.cuda_graph: expected true or false, got 'yes'$"
+        ConfigError, match=r"^tuning.profiles.g.cuda_graph: expected true or false, got str 'yes'$"
     ):
         profile_from_dict("g", {"configs": ["20m"], "cuda_graph": "yes"})
 

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
+from workflow_helpers import (
+    repository_snakemake,
+    snakemake,
+    snakemake_command,
+    snakemake_env,
+    tiny_config,
+    write_config,
+)
 
 PREPARE = "results/data/prepare.yaml"
 
@@ -130,7 +137,15 @@ def tiny_c4_corpus(path: Path) -> Path:
 def tool_commands(output: str) -> list[list[str]]:
     """Every `python -m tiny_llm` command Snakemake printed, split as the shell splits it."""
     lines = (line.strip().removeprefix("Shell command: ") for line in output.splitlines())
-    return [shlex.split(line) for line in lines if line.startswith("python -m tiny_llm")]
+    commands = [without_assignments(shlex.split(line)) for line in lines if "python -m tiny_llm" in line]
+    return [words for words in commands if words[:3] == ["python", "-m", "tiny_llm"]]
+
+
+def without_assignments(words: list[str]) -> list[str]:
+    """A shell command's words after its leading VAR=value assignments (a job's TINY_LLM_PLAN_FILES)."""
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0], re.DOTALL):
+        words = words[1:]
+    return words
 
 
 def test_paths_with_spaces_quotes_and_substitutions_reach_the_shell_quoted(tmp_path: Path) -> None:
@@ -154,3 +169,91 @@ def test_paths_with_spaces_quotes_and_substitutions_reach_the_shell_quoted(tmp_p
     assert real.returncode == 0, real.stderr[-2000:]
     assert (tmp_path / "results/data/tokenizer/tokenizer.json").is_file()
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+def test_a_templated_workflow_config_is_refused_naming_the_file(tmp_path: Path) -> None:
+    configfile = tmp_path / "tiny.yaml"
+    text = yaml.safe_dump(tiny_config(), sort_keys=False)
+    configfile.write_text("__use_yte__: true\n" + text, encoding="utf-8")
+    proc = snakemake(tmp_path, configfile, "-n")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {configfile}: __use_yte__ (Snakemake's YAML templates, which run Python) is not allowed in "
+        "a workflow config; remove the key and write the values out"
+    ]
+    assert not (tmp_path / "results").exists()
+
+
+def console_of(command: list[str], cwd: Path, terminal: bool) -> tuple[int, str]:
+    """A command's exit code and console (stdout and stderr together), on a terminal (a pty) or a pipe."""
+    if not terminal:
+        proc = subprocess.run(
+            command,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+            env=snakemake_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        return proc.returncode, proc.stdout
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        command, cwd=cwd, stdout=follower, stderr=follower, stdin=subprocess.DEVNULL, env=snakemake_env()
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: every holder of the follower end closed it
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=120), b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_a_failed_job_names_its_log_and_error_with_the_shipped_profile(
+    tmp_path: Path, terminal: bool
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text("not json\n")
+    config = tiny_config()
+    config["data"]["corpus"] = str(corpus)
+    configfile = write_config(tmp_path / "tiny.yaml", config)
+    command = repository_snakemake(tmp_path, "--cores", "1", "data", configfile=configfile)  # no --quiet
+    returncode, console = console_of(command, tmp_path, terminal)
+    assert returncode != 0
+    log = "logs/train_tokenizer/tokenizer.log"
+    error = (tmp_path / log).read_text().strip()
+    assert error.startswith("error: ") and "\n" not in error
+    assert "Error in rule" not in console  # the shipped profile's quiet: [rules] hides Snakemake's block
+    assert f"Failed job log(s): {log}\n  {log}: {error}\nFix the cause, then rerun" in console
+    assert "To go on, rerun the same command" not in console
+    assert (corpus / "train.jsonl").read_text() == "not json\n"  # the corpus is left as it was
+
+
+def test_a_plan_file_edited_by_hand_is_refused_by_its_job(tmp_path: Path) -> None:
+    configfile = write_config(tmp_path / "tiny.yaml", tiny_config())
+    assert snakemake(tmp_path, configfile, "--cores", "1", PREPARE).returncode == 0
+    recipe = tmp_path / PREPARE
+    edited = recipe.read_text().replace("shuffle_seed: ", "shuffle_seed: 1")
+    assert edited != recipe.read_text()
+    recipe.write_text(edited)
+    proc = snakemake(tmp_path, configfile, "--cores", "1", "data")
+    assert proc.returncode != 0
+    log = (tmp_path / "logs/prepare_cache/cache.log").read_text()
+    assert log == (
+        f"error: {PREPARE} is not what the workflow config says (edited since the workflow wrote it?); "
+        "delete it and rerun the same snakemake command: the workflow writes it again from the config\n"
+    )
+    assert recipe.read_text() == edited

@@ -168,6 +168,18 @@ def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path)
     assert "results/sweep-20m/stage1/20m-lr0.0056-wd0.1-beta2-0.98-s43/result.json" in proc.stdout
 
 
+@pytest.mark.slow  # in-process: test_campaign.py::test_the_optimizer_study_estimates_12_runs
+def test_the_optimizer_study_dry_runs_to_12_training_jobs(tmp_path: Path) -> None:
+    """config/optimizers-20m.yaml: AdamW and Muon at three muon_lr, 3 seeds each, from one campaign plan."""
+    proc = snakemake(tmp_path, REPO / "config" / "optimizers-20m.yaml", "-n", "campaign")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = job_counts(proc.stdout)
+    assert counts["train_campaign"] == 12 and counts["plan_campaign"] == 1 and counts["rank_stage"] == 1
+    assert "stage1: 12 (4 configurations x 3 seeds) x 20m x 408,071,168 tokens -> 0.831 GPU-h" in proc.stdout
+    for run in ("20m-lr0.0056-s42", "20m-lr0.0056-muon-mlr0.0112-s44"):
+        assert f"results/optimizers-20m/stage1/{run}/result.json" in proc.stdout
+
+
 def test_demo_campaign_trains_every_configuration_with_two_seeds(
     demo_stages_dry_run: subprocess.CompletedProcess,
 ) -> None:

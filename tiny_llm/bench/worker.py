@@ -37,7 +37,9 @@ from tiny_llm.runtime.device import (
 )
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
+from tiny_llm.runtime.memory import memory_limit
 from tiny_llm.runtime.mfu import Peak, device_peak, matmul_precision, mfu
+from tiny_llm.train.distributed import check_one_process
 
 MEMORY_LIMIT_FRACTION = 0.9
 # Allocator settings that change CPU throughput a lot (see SPEC §10); recorded with the numbers.
@@ -211,36 +213,65 @@ def _measure(recipe: RecipeConfig, device: torch.device, options: WorkerOptions,
     out["config_identity"] = recipe_identity(recipe, batches.cache_identity)
     try:
         engine = build_engine(recipe, device)
-        update = Updater(recipe, engine, batches)
-        synchronize(device)
-        start = time.perf_counter()
-        update()
-        synchronize(device)
-        out["first_update_seconds"] = time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(options.warmup - 1):
-            update()
-        synchronize(device)
-        out["warmup_seconds"] = time.perf_counter() - start
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        out["measurements"] = timed_windows(update, device, options)
-        engine.check_finite()  # a sync-free engine's skipped update, if any
-        best = median_window(out["measurements"])
-        out["seconds_per_step"] = best["seconds"] / options.steps
-        out["tokens_per_second"] = best["tokens_per_second"]
-        # A replayed CUDA graph never moves the allocator's peak: the capture's is the floor (the 90% guard).
-        floor = getattr(engine, "replay_peak_bytes", lambda: 0)()
-        out["peak_memory_bytes"] = max(peak_memory_bytes(device), floor)
-        prof = profiling.profile_update(engine, batches, update.lr())
-        out["attention_kernels"] = attention_kernels(prof)
-        if options.profile_prefix is not None:
-            prefix = options.profile_prefix
-            trace, table = Path(f"{prefix}.trace.json"), Path(f"{prefix}.profile.txt")
-            profiling.write_profile(prof, trace, table, device.type == "cuda")
-            out["protocol"]["trace"], out["protocol"]["operator_table"] = str(trace), str(table)
+        # runtime.memory_limit_mb caps what the timed updates allocate beyond the built model (activations,
+        # gradients, optimizer moments); past it they raise an out-of-memory, as on CUDA. The profiler's own
+        # buffers come after, outside the cap.
+        with memory_limit(recipe.runtime.memory_limit_mb, device):
+            update = _run_protocol(recipe, device, options, out, engine, batches)
+        _profile(engine, batches, update, options, out, device)
     finally:
         batches.close()
+
+
+def _run_protocol(
+    recipe: RecipeConfig,
+    device: torch.device,
+    options: WorkerOptions,
+    out: dict[str, Any],
+    engine: Any,
+    batches: SyntheticBatches | RealBatches,
+) -> Updater:
+    """The warm-up and timed windows of a built engine (fills ``out``)."""
+    update = Updater(recipe, engine, batches)
+    synchronize(device)
+    start = time.perf_counter()
+    update()
+    synchronize(device)
+    out["first_update_seconds"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(options.warmup - 1):
+        update()
+    synchronize(device)
+    out["warmup_seconds"] = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    out["measurements"] = timed_windows(update, device, options)
+    engine.check_finite()  # a sync-free engine's skipped update, if any
+    best = median_window(out["measurements"])
+    out["seconds_per_step"] = best["seconds"] / options.steps
+    out["tokens_per_second"] = best["tokens_per_second"]
+    # A replayed CUDA graph never moves the allocator's peak: the capture's is the floor (the 90% guard).
+    floor = getattr(engine, "replay_peak_bytes", lambda: 0)()
+    out["peak_memory_bytes"] = max(peak_memory_bytes(device), floor)
+    return update
+
+
+def _profile(
+    engine: Any,
+    batches: SyntheticBatches | RealBatches,
+    update: Updater,
+    options: WorkerOptions,
+    out: dict[str, Any],
+    device: torch.device,
+) -> None:
+    """One more, profiled update: the attention kernels dispatched (and, asked for, a trace)."""
+    prof = profiling.profile_update(engine, batches, update.lr())
+    out["attention_kernels"] = attention_kernels(prof)
+    if options.profile_prefix is not None:
+        prefix = options.profile_prefix
+        trace, table = Path(f"{prefix}.trace.json"), Path(f"{prefix}.profile.txt")
+        profiling.write_profile(prof, trace, table, device.type == "cuda")
+        out["protocol"]["trace"], out["protocol"]["operator_table"] = str(trace), str(table)
 
 
 def _empty_result(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
@@ -290,6 +321,7 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
     A wrong-hardware or bad-option error is the user's to fix and is raised instead.
     """
     check_options(options)
+    check_one_process(recipe, "the benchmark worker")
     out = _empty_result(recipe, options)
     try:
         device = setup_runtime(recipe)

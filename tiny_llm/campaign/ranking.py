@@ -1,9 +1,9 @@
 """Ranking finished runs and configurations: lower final validation loss first, ties broken by the optimizer.
 
 A configuration (one grid point of a stage) trains once per seed and ranks by the mean final loss of its
-seeds. Ties go to the lower lr, then weight decay, then beta1, then beta2: the reference campaign breaks ties
-by lr, weight decay, beta2 and its later seed studies (which keep weight decay fixed) by lr, beta1, beta2;
-this one order agrees with both. A seed whose run diverged (or has no final loss) counts as the worst loss:
+seeds. Ties go to the lower lr, then weight decay, then beta1, then beta2. This one order agrees with both
+of the reference's: lr, weight decay, beta2 in its campaign, and lr, beta1, beta2 in its later seed studies
+(which keep weight decay fixed). A seed whose run diverged (or has no final loss) counts as the worst loss, so
 its configuration ranks after every configuration whose seeds all finished.
 """
 
@@ -35,6 +35,10 @@ class RunOutcome:
     configuration: str = ""
     """The configuration the run is a seed of ('' = a configuration of its own)."""
     seed: int | None = None
+    name: str = "adamw"
+    """optimizer.name of the run."""
+    muon_lr: float | None = None
+    """Under muon: the peak LR of the hidden matrices (optimizer.muon_lr, else lr); None under adamw."""
 
     @property
     def configuration_id(self) -> str:
@@ -112,13 +116,29 @@ class ConfigurationOutcome:
     def beta2(self) -> float:
         return self._first().beta2
 
+    @property
+    def name(self) -> str:
+        return self._first().name
+
+    @property
+    def muon_lr(self) -> float | None:
+        return self._first().muon_lr
+
 
 def configuration_key(c: ConfigurationOutcome) -> tuple:
-    """Mean loss over the seeds first; a configuration with a diverged seed after every finished one
-    (fewer diverged seeds, then the mean of the others, first); ties -> lr, weight decay, beta1, beta2."""
+    """A configuration's place in its stage's ranking, compared in this order:
+
+    1. the mean final loss over its seeds (inf once a seed diverged, so it ranks after every finished one);
+    2. fewer diverged seeds;
+    3. the mean loss of its finished seeds;
+    4. lr, weight decay, beta1, beta2 (lower first), then AdamW before Muon and the lower muon_lr, then the
+       configuration id.
+    """
     finished = [x for x in c.losses if math.isfinite(x)]
     rest = statistics.fmean(finished) if finished else math.inf
-    return (c.mean, len(c.diverged), rest, c.lr, c.weight_decay, c.beta1, c.beta2, c.configuration)
+    muon_lr = -math.inf if c.muon_lr is None else c.muon_lr
+    tail = (c.beta2, c.name, muon_lr, c.configuration)
+    return (c.mean, len(c.diverged), rest, c.lr, c.weight_decay, c.beta1, *tail)
 
 
 def group_configurations(outcomes: Iterable[RunOutcome]) -> list[ConfigurationOutcome]:
@@ -159,7 +179,17 @@ def outcome_from(
         opt.get("beta1", DEFAULT_BETA1),
         configuration,
         seed,
+        *optimizer_name(opt),
     )
+
+
+def optimizer_name(opt: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(optimizer.name, the effective muon_lr: its own, else lr; None under adamw) of an optimizer block."""
+    name = str(opt.get("name") or "adamw")
+    if name == "adamw":
+        return name, None
+    muon_lr = opt.get("muon_lr")
+    return name, float(opt["lr"] if muon_lr is None else muon_lr)
 
 
 def _finite(value: float) -> float | None:
@@ -191,6 +221,7 @@ def ranking_rows(ranked: Sequence[ConfigurationOutcome]) -> list[dict[str, Any]]
                 "weight_decay": c.weight_decay,
                 "beta1": c.beta1,
                 "beta2": c.beta2,
+                **({} if c.name == "adamw" else {"name": c.name, "muon_lr": c.muon_lr}),
             }
         )
     return rows
@@ -200,7 +231,7 @@ def diverged_result(run_dir: str | Path, exit_code: int) -> dict[str, Any] | Non
     """The result.json of a run that stopped on a non-finite loss or norm, or None for any other failure.
 
     A diverged grid point is an outcome of the campaign (it ranks last), not a reason to stop promoting the
-    others; crashes, interruptions and user errors are not outcomes and still fail the job.
+    others. Crashes, interruptions and user errors are not outcomes: they still fail the job.
     """
     status_file = Path(run_dir) / "status.json"
     if exit_code != 1 or not status_file.is_file():

@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import itertools
-import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.typed import typed_from_dict
 
 # The optimizer keys a stage may vary, in the tie order of a ranking (after the loss) and of a run id.
 GRID_KEYS = ("lr", "weight_decay", "beta1", "beta2")
-_ID_PARTS = {"lr": "lr{}", "weight_decay": "wd{}", "beta1": "beta1-{}", "beta2": "beta2-{}"}
+POINT_KEYS = (*GRID_KEYS, "name", "muon_lr")
+"""The keys an explicit grid point may set: the grid keys, then the optimizer's name and Muon's peak LR."""
+_ID_PARTS = {
+    "lr": "lr{}",
+    "weight_decay": "wd{}",
+    "beta1": "beta1-{}",
+    "beta2": "beta2-{}",
+    "name": "{}",
+    "muon_lr": "mlr{}",
+}
+DEFAULT_OPTIMIZER = "adamw"
+NAME_PATTERN = r"^(?!.*[.]replaced-)[A-Za-z0-9][A-Za-z0-9._-]*(?![\s\S])"
+"""A size or run name: one path segment (no '/', no leading '.'), never a set-aside ``<run>.replaced-N``;
+the workflow schema's ``$defs/name`` is this pattern."""
+
+
+def check_name(key: str, name: object) -> None:
+    """Refuse a name that is not one plain path segment (``../X`` would write outside the campaign root)."""
+    if not isinstance(name, str) or not re.search(NAME_PATTERN, name):
+        raise ConfigError(
+            f"{key}: {name!r} is not a valid name (letters, digits, '.', '_', '-'; starting with a letter "
+            "or digit); rename it"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +52,8 @@ class StageConfig:
     """AdamW beta1 values of the grid (empty = the template's, or the parent's)."""
     beta2: tuple[float, ...] = ()
     """Stage 1: beta2 values of the grid; later stages: beta2 values per parent (empty = copy it)."""
-    points: tuple[tuple[tuple[str, float], ...], ...] = ()
-    """Explicit grid points instead of the lists' product: each a sorted tuple of (key, value)."""
+    points: tuple[tuple[tuple[str, float | str], ...], ...] = ()
+    """Explicit grid points instead of the lists' product: (key, value) tuples in POINT_KEYS order."""
     parents: int = 0
     """Later stages: how many of the previous stage's best configurations are promoted."""
     seeds: tuple[int, ...] = ()
@@ -64,23 +87,49 @@ def stage_name(index: int) -> str:
     return f"stage{index + 1}"
 
 
-def _numbers(value: Any, key: str, *, positive: bool, below_one: bool = False) -> tuple[float, ...]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{key}: expected a non-empty list of numbers, got {value!r}")
-    return tuple(_number(item, key, positive=positive, below_one=below_one) for item in _distinct(value, key))
+@dataclass(frozen=True, kw_only=True)
+class GridPoint:
+    """One explicit grid point as written: some of the optimizer keys a stage varies."""
+
+    lr: float | None = None
+    weight_decay: float | None = None
+    beta1: float | None = None
+    beta2: float | None = None
+    name: Literal["adamw", "muon"] | None = None
+    """optimizer.name of the point (adamw, the default, is left out of its run id)."""
+    muon_lr: float | None = None
+    """optimizer.muon_lr: peak LR of the hidden matrices under muon."""
 
 
-def _number(item: Any, key: str, *, positive: bool, below_one: bool = False) -> float:
-    if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
-        raise ConfigError(f"{key}: expected finite numbers, got {item!r}")
+@dataclass(frozen=True, kw_only=True)
+class StageSection:
+    """One entry of ``campaign.stages`` as written; ``_stage`` checks its values and makes a StageConfig."""
+
+    size: str
+    lr: list[float] | None = None
+    weight_decay: list[float] | None = None
+    beta1: list[float] | None = None
+    beta2: list[float] | None = None
+    points: list[GridPoint] | None = None
+    parents: int | None = None
+    seeds: list[int] | None = None
+
+
+def _numbers(values: list[float], key: str) -> tuple[float, ...]:
+    if not values:
+        raise ConfigError(f"{key}: expected a non-empty list of numbers, got {values!r}")
+    name = key.rpartition(".")[2]
+    return tuple(_grid_value(name, item, key) for item in _distinct(values, key))
+
+
+def _grid_value(name: str, item: float, key: str) -> float:
+    """A grid value in range: lr and muon_lr positive, weight decay non-negative, a beta in [0, 1)."""
+    positive = name in ("lr", "muon_lr")
     if item < 0 or (positive and item == 0):
-        sign = "positive" if positive else "non-negative"
-        raise ConfigError(f"{key}: expected {sign} numbers, got {item}")
-    if below_one and item >= 1:
+        raise ConfigError(f"{key}: expected {'positive' if positive else 'non-negative'} numbers, got {item}")
+    if name.startswith("beta") and item >= 1:
         raise ConfigError(f"{key}: expected numbers below 1, got {item}")
-    return float(item)
+    return item
 
 
 def _distinct(values: list[Any], key: str) -> list[Any]:
@@ -89,73 +138,62 @@ def _distinct(values: list[Any], key: str) -> list[Any]:
     return values
 
 
-def _grid_value(name: str, value: Any, key: str) -> float:
-    return _number(value, key, positive=name == "lr", below_one=name.startswith("beta"))
-
-
-def _seeds(value: Any, key: str) -> tuple[int, ...]:
+def _seeds(value: list[int] | None, key: str) -> tuple[int, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{key}: expected a non-empty list of integers, got {value!r}")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ConfigError(f"{key}: expected non-negative integers, got {item!r}")
+    if not value or any(item < 0 for item in value):
+        raise ConfigError(f"{key}: expected a non-empty list of non-negative integers, got {value!r}")
     return tuple(_distinct(value, key))
 
 
-def _points(value: Any, key: str) -> tuple[tuple[tuple[str, float], ...], ...]:
-    if not isinstance(value, list) or not value:
+def _points(value: list[GridPoint], key: str) -> tuple[tuple[tuple[str, float | str], ...], ...]:
+    if not value:
         raise ConfigError(f"{key}: expected a non-empty list of mappings, got {value!r}")
     points = []
     for i, point in enumerate(value):
-        where = f"{key}[{i}]"
-        if not isinstance(point, dict) or not point:
-            raise ConfigError(f"{where}: expected a mapping of {', '.join(GRID_KEYS)}, got {point!r}")
-        unknown = sorted(set(point) - set(GRID_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown key(s) {', '.join(map(str, unknown))} (allowed: {', '.join(GRID_KEYS)})"
+        given = {k: v for k, v in vars(point).items() if v is not None}
+        if not given:
+            raise ConfigError(f"{key}[{i}]: name some of {', '.join(POINT_KEYS)}")
+        points.append(
+            tuple(
+                (k, given[k] if k == "name" else _grid_value(k, given[k], f"{key}[{i}].{k}"))
+                for k in POINT_KEYS
+                if k in given
             )
-        points.append(tuple((k, _grid_value(k, point[k], f"{where}.{k}")) for k in GRID_KEYS if k in point))
+        )
     return tuple(_distinct(points, key))
 
 
 def _stage(raw: Any, index: int) -> StageConfig:
     key = f"campaign.stages[{index}]"
-    if not isinstance(raw, dict) or not isinstance(raw.get("size"), str):
-        raise ConfigError(f"{key}: expected a mapping with a 'size' name, got {raw!r}")
-    allowed = {"size", "seeds", "points", *GRID_KEYS} | ({"parents"} if index else set())
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        names = ", ".join(sorted(allowed))
-        raise ConfigError(f"{key}: unknown key(s) {', '.join(unknown)} (allowed: {names})")
-    seeds = _seeds(raw.get("seeds"), f"{key}.seeds")
-    lists = {name: raw[name] for name in GRID_KEYS if raw.get(name) is not None}
-    points: tuple[tuple[tuple[str, float], ...], ...] = ()
-    if raw.get("points") is not None:
+    section = typed_from_dict(StageSection, raw, key)
+    seeds = _seeds(section.seeds, f"{key}.seeds")
+    lists = {name: getattr(section, name) for name in GRID_KEYS if getattr(section, name) is not None}
+    points: tuple[tuple[tuple[str, float | str], ...], ...] = ()
+    if section.points is not None:
         if lists:
             raise ConfigError(f"{key}: give either points or lists ({', '.join(lists)}), not both")
-        points = _points(raw["points"], f"{key}.points")
+        points = _points(section.points, f"{key}.points")
     elif index == 0:  # the reference grid's defaults: weight decay 0.1, beta2 0.95 (not the preset's)
+        if section.lr is None:
+            raise ConfigError(f"{key}.lr: expected a non-empty list of numbers (or points), got null")
         lists = {"weight_decay": [0.1], "beta2": [0.95], **lists}
-        lists["lr"] = raw.get("lr")
-    grid: dict[str, Any] = {
-        name: _numbers(values, f"{key}.{name}", positive=name == "lr", below_one=name.startswith("beta"))
-        for name, values in lists.items()
-    }
+    grid: dict[str, Any] = {name: _numbers(values, f"{key}.{name}") for name, values in lists.items()}
     if index == 0:
-        return StageConfig(size=raw["size"], points=points, seeds=seeds, **grid)
-    parents = raw.get("parents")
-    if isinstance(parents, bool) or not isinstance(parents, int) or parents < 1:
-        raise ConfigError(f"{key}.parents: expected a positive integer, got {parents!r}")
-    return StageConfig(size=raw["size"], parents=parents, points=points, seeds=seeds, **grid)
+        if section.parents is not None:
+            raise ConfigError(f"{key}.parents: the first stage has no stage before it to promote from")
+        return StageConfig(size=section.size, points=points, seeds=seeds, **grid)
+    if section.parents is None or section.parents < 1:
+        raise ConfigError(f"{key}.parents: expected a positive integer, got {section.parents!r}")
+    return StageConfig(size=section.size, parents=section.parents, points=points, seeds=seeds, **grid)
 
 
 def parse_campaign(
     section: Mapping[str, Any], sizes: Mapping[str, Any], root: str, numerics_version: int = 0
 ) -> CampaignConfig:
     """Validate the workflow's ``campaign`` section against its ``sizes`` (ConfigError on a problem)."""
+    for name in sizes:
+        check_name(f"sizes.{name}", name)
     raw_stages = section.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
         raise ConfigError("campaign.stages: expected a non-empty list of stages")
@@ -243,7 +281,7 @@ class PlannedConfiguration:
 
     configuration: str
     """Its id: the run id of its runs without the seed suffix."""
-    optimizer: Mapping[str, float]
+    optimizer: Mapping[str, float | str]
     """Stage 1: the grid point; later stages: the values set on top of the parent's optimizer block."""
     parent_rank: int | None = None
     """Later stages: rank (0 = best) of the parent configuration in the previous stage."""
@@ -256,7 +294,7 @@ class PlannedRun:
     run_id: str
     stage: str
     size: str
-    optimizer: Mapping[str, float]
+    optimizer: Mapping[str, float | str]
     """Stage 1: the grid point; later stages: the values set on top of the parent's optimizer block."""
     parent_rank: int | None = None
     """Later stages: rank (0 = best) of the parent configuration in the previous stage."""
@@ -266,11 +304,20 @@ class PlannedRun:
     """runtime.seed of the run; None = the template's (a stage without seeds)."""
 
 
-def _id(prefix: str, values: Mapping[str, float], keys: Sequence[str]) -> str:
-    return prefix + "".join(f"-{_ID_PARTS[k].format(format_value(values[k]))}" for k in keys)
+def _id_text(value: float | str) -> str:
+    return value if isinstance(value, str) else format_value(value)
 
 
-def _product(stage: StageConfig) -> list[dict[str, float]]:
+def _id(prefix: str, values: Mapping[str, float | str], keys: Sequence[str]) -> str:
+    return prefix + "".join(f"-{_ID_PARTS[k].format(_id_text(values[k]))}" for k in keys)
+
+
+def _point_keys(point: Mapping[str, float | str]) -> list[str]:
+    """The keys an explicit point's run id names: those it sets, but the optimizer name at its default."""
+    return [k for k in POINT_KEYS if k in point and not (k == "name" and point[k] == DEFAULT_OPTIMIZER)]
+
+
+def _product(stage: StageConfig) -> list[dict[str, float | str]]:
     lists = [(k, getattr(stage, k)) for k in GRID_KEYS if getattr(stage, k)]
     if stage.points:
         return [dict(point) for point in stage.points]
@@ -283,15 +330,19 @@ def _product(stage: StageConfig) -> list[dict[str, float]]:
 def _stage_configurations(stages: Sequence[StageConfig], index: int) -> list[PlannedConfiguration]:
     """A stage's configurations in grid order (later stages: parent rank first, then grid order).
 
-    Run ids: stage 1 names lr and weight decay always and beta1/beta2 where the list has several values
-    (``20m-lr0.001-wd0.1``, ``20m-lr0.001-wd0.1-beta2-0.98``); a later stage names the parent's rank and
-    every listed key (``50m-parent0-beta2-0.99``); an explicit point names the keys it sets.
+    Run ids name:
+
+    1. in stage 1, lr and weight decay always, beta1 and beta2 where their list has several values
+       (``20m-lr0.001-wd0.1``, ``20m-lr0.001-wd0.1-beta2-0.98``);
+    2. in a later stage, the parent's rank and every listed key (``50m-parent0-beta2-0.99``);
+    3. for an explicit point, the keys it sets (``20m-lr0.0056-muon-mlr0.0028``; ``name: adamw`` is not
+       named).
     """
     stage = stages[index]
     points = _product(stage)
     if index == 0:
         if stage.points:
-            keys_of = [[k for k in GRID_KEYS if k in p] for p in points]
+            keys_of = [_point_keys(p) for p in points]
         else:
             named = [k for k in GRID_KEYS if k in ("lr", "weight_decay") or len(getattr(stage, k)) > 1]
             keys_of = [[k for k in named if k in p] for p in points]
@@ -301,7 +352,7 @@ def _stage_configurations(stages: Sequence[StageConfig], index: int) -> list[Pla
     configurations = []
     for rank in range(stage.parents):
         for p in points:
-            keys = [k for k in GRID_KEYS if k in p]
+            keys = _point_keys(p)
             configurations.append(PlannedConfiguration(_id(f"{stage.size}-parent{rank}", p, keys), p, rank))
     return configurations
 

@@ -15,9 +15,9 @@ from tiny_llm.config import (
 )
 from tiny_llm.errors import ConfigError, RunStateError
 
-# The one list of tuned keys: the recipe keys the tuner varies (a tuning result's selected.yaml differs from
-# its base recipe only here), each with whether a campaign takes it from that result. Execution settings it
-# takes; numerics (BF16 autocast on a CPU, the attention path) and the batch never: they change the results.
+# The one list of tuned keys: the recipe keys the tuner varies, each with whether a campaign takes it from a
+# tuning result. A campaign takes execution settings only, since numerics (CPU BF16 autocast, the attention
+# path) and the batch would change its results.
 TUNED_KEYS: dict[str, bool] = {
     "training.micro_batch_size": True,
     "runtime.compile": True,
@@ -39,8 +39,8 @@ def size_base(entry: Mapping[str, Any], size: str) -> dict[str, Any]:
 
 def check_tuning_fits(tuned: Mapping[str, Any], template: Mapping[str, Any], size: str, source: str) -> None:
     """ConfigError unless a tuning recipe tuned the model of ``size`` at the batch its campaign runs train
-    with (the fastest microbatch and compile mode at one batch say little about another). The workflow asks
-    it of each tuning profile before anything runs; the campaign's plan step of each tuning result."""
+    with, since the fastest microbatch and compile mode at one batch say little about another. The workflow
+    checks each tuning profile before anything runs, and the campaign's plan step each tuning result."""
     if tuned["model"] != template["model"]:
         diffs = identity_differences(template["model"], tuned["model"])
         raise ConfigError(

@@ -9,8 +9,11 @@ kept). A complete cache is never modified: more tokens or other settings need a 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import itertools
+import multiprocessing
 import os
 import queue
 import shutil
@@ -18,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Generator, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +34,7 @@ from tiny_llm.data.cache import DTYPE, MANIFEST_VERSION, TokenCache, manifest_id
 from tiny_llm.data.sources import CorpusSource, Split, resolve_source
 from tiny_llm.data.tokenizer import (
     MAX_UINT16_VOCAB,
+    SentencePieceTokenizer,
     TextTokenizer,
     check_tokenizer,
     is_local_reference,
@@ -200,11 +205,14 @@ def _write_cache(
     check_tokenizer(tokenizer, recipe.model.vocab_size, data.tokenizer)
     (partial / "tokenizer").mkdir()
     tokenizer.save(partial / "tokenizer")
-    writer = SplitWriter(source, tokenizer, data.tokenize_batch_size, data.shard_tokens, progress)
-    validation, complete = writer.write(partial, "validation", data.prepare_validation_tokens)
-    if validation["tokens"] < 2:
-        raise DataError(f"dataset {data.dataset}: the validation split holds no text")
-    train, _ = writer.write(partial, "train", need, data.shuffle_seed, data.shuffle_buffer)
+    with worker_pool(data.prepare_workers, partial / "tokenizer", tokenizer.fingerprint) as pool:
+        writer = SplitWriter(
+            source, tokenizer, data.tokenize_batch_size, data.shard_tokens, progress, pool=pool
+        )
+        validation, complete = writer.write(partial, "validation", data.prepare_validation_tokens)
+        if validation["tokens"] < 2:
+            raise DataError(f"dataset {data.dataset}: the validation split holds no text")
+        train, _ = writer.write(partial, "train", need, data.shuffle_seed, data.shuffle_buffer)
     if train["tokens"] < need:
         raise DataError(
             f"dataset {data.dataset}: the train split has only {train['tokens']} tokens, need {need}; use a "
@@ -235,8 +243,7 @@ def _write_cache(
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Add the identity and write manifest.json atomically (the last file of a cache)."""
     manifest = {**manifest, "identity": manifest_identity(manifest)}
-    atomic_write_json(directory / "manifest.json", manifest)
-    (directory / "manifest.json").chmod(0o644)  # readable like the shards (the temp file was private)
+    atomic_write_json(directory / "manifest.json", manifest)  # the umask's mode, like the shards
     return manifest
 
 
@@ -330,6 +337,8 @@ class SplitWriter:
     batch_size: int
     shard_tokens: int
     progress: bool
+    pool: WorkerPool | None = None
+    """Tokenizing processes (``worker_pool``); None = a thread of this process."""
 
     def write(
         self, directory: Path, split: Split, limit: int | None, seed: int | None = None, buffer: int = 0
@@ -343,8 +352,7 @@ class SplitWriter:
             total=limit, unit="tok", unit_scale=True, desc=f"prepare {split}", disable=not self.progress
         )
         texts = background(self.source.iter_texts(split, self.batch_size, seed, buffer), PREFETCH_BATCHES)
-        # Encoding runs in its own thread (the tokenizer releases the GIL), overlapping reads and writes.
-        batches = background(self._encode(texts), ENCODE_AHEAD)
+        batches = self._encoded(texts)
         try:
             for num_documents, tokens in batches:
                 if limit is not None and written + len(tokens) >= limit:
@@ -362,6 +370,14 @@ class SplitWriter:
             bar.close()
         return {"tokens": written, "shards": shards.close()}, exhausted
 
+    def _encoded(self, texts: Iterator[list[str]]) -> Generator[tuple[int, np.ndarray], None, None]:
+        """(documents, tokens) per batch of ``texts``, in their order, however many workers encode them."""
+        if self.pool is None:
+            # Encoding runs in its own thread (the tokenizer releases the GIL), overlapping reads and writes.
+            return background(self._encode(texts), ENCODE_AHEAD)
+        # Not in a thread: closing this generator stops the encoding before the caller publishes the cache.
+        return encode_in_processes(texts, self.pool)
+
     def _encode(self, batches: Iterator[list[str]]) -> Iterator[tuple[int, np.ndarray]]:
         try:
             for texts in batches:
@@ -371,6 +387,82 @@ class SplitWriter:
                 )
         finally:
             batches.close()  # type: ignore[attr-defined]
+
+
+_WORKER_TOKENIZER: TextTokenizer | None = None
+
+
+@dataclass(frozen=True)
+class WorkerPool:
+    """Processes that tokenize for one `prepare` (both splits), each holding the saved tokenizer."""
+
+    executor: ProcessPoolExecutor
+    workers: int
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int, tokenizer_dir: Path, fingerprint: str) -> Iterator[WorkerPool | None]:
+    """``workers`` tokenizing processes (None for 1: the preparing process encodes).
+
+    Each process loads the saved tokenizer and checks it against ``fingerprint``, so the tokens, and the
+    cache's bytes, are those of one process. Spawned, not forked: the reader thread and the tokenizer's
+    thread pool would not survive a fork.
+    """
+    if workers == 1:
+        yield None
+        return
+    executor = ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_load_worker_tokenizer,
+        initargs=(str(tokenizer_dir), fingerprint),
+    )
+    with executor:
+        yield WorkerPool(executor, workers)
+
+
+def encode_in_processes(
+    batches: Iterator[list[str]], pool: WorkerPool
+) -> Generator[tuple[int, np.ndarray], None, None]:
+    """(documents, tokens) per batch, encoded by ``pool``, in input order.
+
+    At most ``workers x ENCODE_AHEAD`` batches are in flight (an executor's own map would read the whole
+    corpus ahead); closing the generator cancels what has not started and waits for what has.
+    """
+    pending: collections.deque[Future[tuple[int, np.ndarray]]] = collections.deque()
+    try:
+        for texts in batches:
+            pending.append(pool.executor.submit(_encode_in_worker, texts))
+            if len(pending) >= pool.workers * ENCODE_AHEAD:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        for future in pending:
+            if not future.cancelled():
+                future.exception()  # wait: nothing may still run when the split's shards are closed
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _load_worker_tokenizer(directory: str, fingerprint: str) -> None:
+    global _WORKER_TOKENIZER
+    # One core per worker (N workers use N cores): the tokenizers' own thread pools would oversubscribe.
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    tokenizer = load_tokenizer(directory)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        tokenizer.num_threads = 1
+    if tokenizer.fingerprint != fingerprint:
+        raise DataError(f"prepare worker: the tokenizer saved in {directory} differs from the preparer's")
+    _WORKER_TOKENIZER = tokenizer
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[int, np.ndarray]:
+    assert _WORKER_TOKENIZER is not None, "the pool's initializer loads the tokenizer"
+    return len(texts), join_with_eos(_WORKER_TOKENIZER.encode_batch(texts), _WORKER_TOKENIZER.eos_token_id)
 
 
 def join_with_eos(ids: list[list[int]], eos: int) -> np.ndarray:

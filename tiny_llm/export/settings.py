@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.typed import typed_from_dict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,9 +44,9 @@ class SamplingConfig:
 
     def problems(self) -> list[str]:
         out = []
-        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
+        if self.max_new_tokens < 0:
             out.append(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0:  # the CLI's floats may be nan
             out.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             out.append(f"top_k must be >= 1 or null, got {self.top_k}")
@@ -58,7 +59,7 @@ class SamplingConfig:
     def check(self, where: str = "sampling") -> SamplingConfig:
         problems = self.problems()
         if problems:
-            raise ConfigError(f"{where}: " + "; ".join(problems))
+            raise ConfigError(f"{where}: " * bool(where) + "; ".join(problems))
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,33 +74,9 @@ class PromptSet:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
-_FIELD_TYPES = {"max_new_tokens": int, "temperature": float, "top_k": int, "top_p": float, "seed": int}
-_FLAGS = ("stop_at_eos", "document_start")
-
-
 def sampling_from_dict(data: dict[str, Any], where: str) -> SamplingConfig:
-    """A SamplingConfig from plain values; unknown keys and wrong types are one-line errors."""
-    names = {f.name for f in dataclasses.fields(SamplingConfig)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _FLAGS:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
-        elif key == "top_k" and value is None:
-            pass
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
-        elif not math.isfinite(value):
-            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
-        elif _FIELD_TYPES[key] is int and value != int(value):
-            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
-        else:
-            value = _FIELD_TYPES[key](value)
-        values[key] = value
-    return SamplingConfig(**values).check(where)
+    """A checked SamplingConfig (``where``: the section's dotted key, or "" at a file's top level)."""
+    return typed_from_dict(SamplingConfig, data, where).check(where)
 
 
 def load_prompts(path: str | Path) -> PromptSet:
@@ -123,4 +100,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     prompts = data.pop("prompts")
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise ConfigError(f"prompt file {path}: 'prompts' must be a non-empty list of strings")
-    return PromptSet(tuple(prompts), sampling_from_dict(data, f"prompt file {path}"))
+    try:
+        return PromptSet(tuple(prompts), sampling_from_dict(data, ""))
+    except ConfigError as exc:
+        raise ConfigError(f"prompt file {path}: {exc}") from None

@@ -15,6 +15,7 @@ from tiny_llm.budget import parameter_count, step_lrs
 from tiny_llm.config import RecipeConfig
 from tiny_llm.packed.mixing import ConsensusSchedule, consensus_schedule, mix_, peer_offset
 from tiny_llm.packed.model import PackedLlama, local_losses
+from tiny_llm.packed.muon import PackedMuon
 from tiny_llm.packed.optim import PackedAdamW, clip_per_worker_, clip_rows_, needs_clipping, worker_norms
 from tiny_llm.runtime.device import (
     compile_loss,
@@ -30,12 +31,24 @@ _LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 STATE_VERSION = 1
 
+PackedOptimizer = PackedAdamW | PackedMuon
+
 
 def build_consensus(recipe: RecipeConfig) -> ConsensusSchedule | None:
     ac = recipe.decentralized.adaptive_consensus if recipe.decentralized else None
     if ac is None:
         return None
     return consensus_schedule(ac.start_frac, ac.p, step_lrs(recipe))
+
+
+def build_packed_optimizer(model: PackedLlama, recipe: RecipeConfig, device: torch.device) -> PackedOptimizer:
+    """PackedAdamW over the whole arena, or PackedMuon (hidden matrices) with PackedAdamW (the rest)."""
+    fused = uses_fused_optimizer(recipe, device)
+    if recipe.optimizer.name == "muon":
+        return PackedMuon(model.arena, model.grad_arena, model.layout, recipe.optimizer, fused=fused)
+    return PackedAdamW(
+        model.arena, model.grad_arena, model.layout.decay_mask(device), recipe.optimizer, fused=fused
+    )
 
 
 def split_workers(blocks: torch.Tensor, num_models: int) -> torch.Tensor:
@@ -47,7 +60,8 @@ def split_workers(blocks: torch.Tensor, num_models: int) -> torch.Tensor:
 
 
 class PackedEngine:
-    """N workers from the ordinary model's seeded init; per-worker clipping and AdamW; AWC or ATC mixing.
+    """N workers from the ordinary model's seeded init; per-worker clipping and AdamW (or Muon with AdamW);
+    AWC or ATC mixing.
 
     ``mix=False`` skips mixing, which trains N independent models (used to check the packed
     execution against ordinary models).
@@ -61,17 +75,16 @@ class PackedEngine:
         self.num_models, self.topology, self.scheme = dec.num_models, dec.topology, dec.scheme
         self.grad_clip = recipe.optimizer.grad_clip
         self.average = build_model(recipe, torch.device("cpu"))  # seeded: same init as an ordinary run
+        muon = recipe.optimizer.name == "muon"
         self.model = PackedLlama(
-            self.average, self.num_models, device, reference_attention=uses_reference_attention(recipe)
+            self.average,
+            self.num_models,
+            device,
+            reference_attention=uses_reference_attention(recipe),
+            muon_layout=muon,
         )
         self.average.to(device)
-        self.optimizer = PackedAdamW(
-            self.model.arena,
-            self.model.grad_arena,
-            self.model.layout.decay_mask(device),
-            recipe.optimizer,
-            fused=uses_fused_optimizer(recipe, device),
-        )
+        self.optimizer = build_packed_optimizer(self.model, recipe, device)
         # As the ordinary engine: with the fused optimizer the finite check needs no host read per update.
         # A device guard skips the first non-finite update's mixing and step, and every later one's, and
         # check_finite() names that update. The unfused path keeps its one read per update and its bits.

@@ -17,6 +17,7 @@ from torch import nn
 from tiny_llm.config import ModelConfig
 from tiny_llm.model import IGNORE_INDEX, Llama, apply_rope, reference_attention
 from tiny_llm.packed.layout import ArenaLayout
+from tiny_llm.packed.muon import muon_order
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -38,13 +39,21 @@ class PackedLlama(nn.Module):
     rope_sin: torch.Tensor
 
     def __init__(
-        self, template: Llama, num_models: int, device: torch.device, *, reference_attention: bool = False
+        self,
+        template: Llama,
+        num_models: int,
+        device: torch.device,
+        *,
+        reference_attention: bool = False,
+        muon_layout: bool = False,
     ) -> None:
         super().__init__()
         self.cfg: ModelConfig = template.cfg
         self.num_models = num_models
         self.reference = reference_attention
-        named = list(template.named_parameters())
+        named: list[tuple[str, torch.Tensor]] = list(template.named_parameters())
+        if muon_layout:  # hidden matrices last, grouped by shape: PackedMuon's batched views need it
+            named = muon_order(named)
         self.layout = ArenaLayout.from_shapes((name, tuple(p.shape)) for name, p in named)
         self.arena = torch.zeros(num_models, self.layout.width, device=device)
         self.grad_arena = torch.zeros_like(self.arena)

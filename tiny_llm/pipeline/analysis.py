@@ -7,7 +7,7 @@ from its recipe (tiny_llm.analysis.names), and an analysed plain or packed run s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any
 
 from tiny_llm.analysis.names import cache_tokens_needed, missing_checkpoints, saved_checkpoints
 from tiny_llm.analysis.settings import AnalysisConfig
@@ -26,8 +26,18 @@ from tiny_llm.pipeline.layout import (
     fill,
 )
 from tiny_llm.pipeline.stage import Resources
+from tiny_llm.typed import typed_from_dict
 
-SETTING_KEYS = ("noise_samples", "random_samples", "seed", "dtype", "amp", "consensus", "hvp_batch_size")
+SETTING_KEYS = (
+    "noise_samples",
+    "random_samples",
+    "seed",
+    "dtype",
+    "amp",
+    "consensus",
+    "hvp_batch_size",
+    "directions_per_pass",
+)
 
 
 @dataclass(frozen=True)
@@ -74,14 +84,7 @@ class AnalysisPlan:
 
     def _settings(self, case: str) -> AnalysisConfig:
         values = {key: self.section[key] for key in SETTING_KEYS}
-        try:
-            return AnalysisConfig(
-                case=cast(Literal["seen", "unseen"], case),
-                directions_per_pass=self.section["directions_per_pass"],
-                **values,
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"analysis: {exc}") from None
+        return typed_from_dict(AnalysisConfig, {"case": case, **values}, "analysis")
 
     def cases(self) -> list[str]:
         return list(dict.fromkeys(self.section["cases"]))

@@ -116,8 +116,9 @@ class CampaignPlan:
         return "" if self.size(run) in self.tuned_sizes else f"--set runtime.cpu_threads={threads}"
 
     def estimate_text(self, wildcards: Any = None) -> str:
-        """The GPU-hour estimate as plan_campaign prints it (a params function: the job's message in
-        `snakemake -n --quiet host`); a problem with a tuning result is plan_campaign's to report."""
+        """The GPU-hour estimate as plan_campaign prints it, for the job's message in `snakemake -n`.
+
+        A problem with a tuning result is left for plan_campaign to report."""
         if self.config is None:
             return ""
         try:

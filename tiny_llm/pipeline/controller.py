@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 from pathlib import Path
 from types import FrameType
@@ -15,6 +16,26 @@ CONTROLLER_LOCK = Path(".snakemake/tiny-llm-controller.lock")
 """Held by the one controller of a workflow directory (relative to it), for as long as it runs."""
 _HELD: list[int] = []
 """The fd of the controller lock this process holds (never closed: the process's exit releases it)."""
+FAILED_LOGS: list[str] = []
+"""The log files of the jobs that failed in this controller (recorded by ``FailedJobRecorder``)."""
+SNAKEMAKE_LOGGER = "snakemake.logging"
+"""The logger Snakemake reports a failed job on (a record with event "job_error" and its log files)."""
+
+
+class FailedJobRecorder(logging.Handler):
+    """Notes each failed job's log files as Snakemake reports them, before any filter of its handlers:
+    ``quiet: [rules]`` keeps the "Error in rule" block out of the console and of Snakemake's own log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(getattr(record, "event", None), "value", None) == "job_error":
+            FAILED_LOGS.extend(str(path) for path in getattr(record, "log", None) or ())
+
+
+def record_failed_jobs() -> None:
+    """Install one ``FailedJobRecorder`` on Snakemake's logger (after it set up its own handlers)."""
+    logger = logging.getLogger(SNAKEMAKE_LOGGER)
+    if not any(isinstance(handler, FailedJobRecorder) for handler in logger.handlers):
+        logger.addHandler(FailedJobRecorder())
 
 
 def become_the_controller(directory: Path) -> None:
@@ -110,7 +131,20 @@ def closing_lines_on_error(snakemake_logs: str | list[str] | None) -> list[str]:
     if STOPPED_BY:
         name = signal.Signals(STOPPED_BY[0]).name
         return [f"Stopped by {name}; running jobs saved their state. To go on, {rerun}"]
-    failed = failed_job_logs_in(snakemake_logs) if snakemake_logs else []
+    failed = FAILED_LOGS + (failed_job_logs_in(snakemake_logs) if snakemake_logs else [])
+    failed = list(dict.fromkeys(failed))
     if not failed:
         return [f"To go on, {rerun}"]
-    return [f"Failed job log(s): {', '.join(failed)}", f"Fix the cause, then {rerun}"]
+    errors = [f"  {path}: {line}" for path in failed if (line := error_line(Path(path)))]
+    return [f"Failed job log(s): {', '.join(failed)}", *errors, f"Fix the cause, then {rerun}"]
+
+
+def error_line(log: Path) -> str:
+    """A failed job's one-line error: the last ``error:`` line of its log, else its last line ("" if none)."""
+    try:
+        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1]

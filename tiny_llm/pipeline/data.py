@@ -65,8 +65,12 @@ class DataPlan:
         return self.book.size_recipe(next(iter(self.book.sizes))).model.vocab_size
 
     def resources(self, wildcards: Any) -> Resources:
-        """The demo prepares in seconds, the full C4 prefix takes hours when streamed."""
-        return Resources(2, 8000, 30 if self.book.is_local_corpus() else 480, 0)
+        """The demo prepares in seconds, the full C4 prefix takes hours when streamed. data.prepare_workers
+        tokenizing processes need a core each beside the reader and writer."""
+        workers = (
+            self.book.size_recipe(next(iter(self.book.sizes))).data.prepare_workers if self.book.sizes else 1
+        )
+        return Resources(max(2, workers + 1), 8000, 30 if self.book.is_local_corpus() else 480, 0)
 
     def targets(self) -> list[str]:
         return [self.cache_manifest]

@@ -36,7 +36,7 @@ class ExportPlan:
                 f"runs: run {folders[taken[0]]} and the best run of a campaign size would both export to "
                 f"{taken[0]}; rename the run or set export.runs or export.campaign to false"
             )
-        sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling").check("export.sampling")
+        sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling")
         files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()})
 
     @staticmethod

@@ -73,6 +73,14 @@ HORIZONS_TABLE = "results/report/horizons/report.md"
 HORIZONS_SUMMARY = "results/report/horizons/horizons.json"
 HORIZONS_PLOT = "results/report/horizons/loss-vs-horizon.png"
 
+# ----------------------------------------------------------------------------- throughput map
+# <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).
+THROUGHPUT_RECIPE = "results/throughput/{size}/recipe.yaml"
+THROUGHPUT_POINT = "results/throughput/{size}/ctx{context}/m{micro}-{trial}.json"
+THROUGHPUT_SUMMARY = "results/throughput/summary.json"
+THROUGHPUT_TABLE = "results/throughput/throughput.md"
+THROUGHPUT_PLOT = "results/throughput/throughput.png"
+
 
 @dataclass(frozen=True)
 class RunsReport:

@@ -29,6 +29,8 @@ def packed_recipe(
     book: RecipeBook, spec: dict[str, Any], overrides: dict[str, Any], where: str
 ) -> RecipeConfig:
     """A packed recipe: the size's preset <- the packed preset <- defaults and overrides <- data."""
+    book.check_size(spec["size"], f"{where}.size")
+    book.check_one_gpu(spec["size"], f"{where}.size", "packed runs and their benchmark")
     recipe = book.recipe(spec["size"], overrides, presets=(spec["preset"],), where=where)
     if recipe.decentralized is None:
         raise ConfigError(
@@ -118,8 +120,8 @@ class PackedPlan:
         return self.runs[run]["size"]
 
     def resources(self, wildcards: Any) -> Resources:
-        """A training run by its size; a benchmark process (it has an ``execution``), a timed job, by the
-        benchmark's section."""
+        """A training run's resources come from its size. A benchmark process (it has an ``execution``) is a
+        timed job whose resources come from the benchmark's section."""
         if not hasattr(wildcards, "execution"):
             return self.book.size_resources(self.size(wildcards.packed_run))
         bench = self.bench or {}

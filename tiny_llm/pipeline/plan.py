@@ -43,9 +43,10 @@ from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.runs import RunsPlan
 from tiny_llm.pipeline.schema import validate_config
 from tiny_llm.pipeline.stage import Resources, StagePlan
+from tiny_llm.pipeline.throughput import ThroughputPlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons")
+STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "throughput")
 
 
 def _read_json(path: Path) -> Any:
@@ -88,6 +89,7 @@ class WorkflowPlan:
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
         self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
+        self.throughput = ThroughputPlan(self.book, config["throughput"], self.files)
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         self._add_analysed_runs()
         self.stages: dict[str, StagePlan] = {
@@ -99,6 +101,7 @@ class WorkflowPlan:
             "export": self.export,
             "analysis": self.analysis,
             "horizons": self.horizons,
+            "throughput": self.throughput,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
         self.tracking_env = self.tracking_environment()
@@ -186,9 +189,9 @@ class WorkflowPlan:
         return self.stage(stage).resources(wildcards)
 
     def threads(self, stage: str) -> Callable[[Any], int]:
-        """A job's cores. A timed job (it measures throughput) run locally takes every core, so that the
-        scheduler starts nothing beside it (its own threads are in its recipe or tuning profile); on a cluster
-        it is an allocation."""
+        """A job's cores. Run locally, a timed job (it measures throughput) takes every core, so that the
+        scheduler starts nothing beside it. Its own threads are in its recipe or tuning profile, and on a
+        cluster its cores are an allocation."""
 
         def threads(wildcards: Any) -> int:
             cores = self.local_cores() if callable(self.local_cores) else self.local_cores
@@ -209,7 +212,22 @@ class WorkflowPlan:
         def runtime(wildcards: Any, attempt: int) -> int:
             return self.job_resources(stage, wildcards).runtime_minutes * attempt
 
-        return {"gpu": gpu, "mem_mb": mem_mb, "runtime": runtime}
+        def nodes(wildcards: Any) -> int:
+            return 1  # every job is one process tree; a K-rank training job needs its K GPUs on one node
+
+        return {"gpu": gpu, "mem_mb": mem_mb, "runtime": runtime, "nodes": nodes}
+
+    def launcher(self, stage: str) -> Callable[[Any], str]:
+        """What runs a training job's `tiny_llm train`: `python -m`, or torchrun for a size of several ranks
+        (one node; on SIGTERM it passes the signal on and waits up to 100 s, inside the profile's 120 s)."""
+
+        def launch(wildcards: Any) -> str:
+            ranks = self.job_resources(stage, wildcards).ranks
+            if ranks == 1:
+                return "python -m"
+            return f"torchrun --standalone --nproc-per-node {ranks} --shutdown-timeout 100 -m"
+
+        return launch
 
     def where_to_look(self) -> list[str]:
         """The finished results a user looks at first, one line per stage that has them."""
@@ -276,10 +294,12 @@ def build_plan(
 ) -> WorkflowPlan:
     """Validate ``config`` (filling the schema's defaults in place) and plan the workflow.
 
-    ``local_cores``: the cores of a local run (None on a cluster), which a timed job takes all of; a function
-    when they are known only once jobs are planned. ``precheck_campaign``: refuse a campaign directory that
-    records another campaign (`tiny_llm.campaign.precheck`, the one read of ``results/`` the plan makes);
-    off for commands that only read a plan.
+    ``local_cores``: the cores of a local run, all of which a timed job takes (None on a cluster; a function
+    when they are known only once jobs are planned).
+
+    ``precheck_campaign``: refuse a campaign directory that records another campaign
+    (`tiny_llm.campaign.precheck`, the one read of ``results/`` the plan makes). Commands that only read a
+    plan turn it off.
     """
     validate_config(config, dict(schema), sources)
     return WorkflowPlan(config, numerics_version, precheck_campaign, local_cores)

@@ -77,7 +77,21 @@ class RecipeBook:
     def overrides(self, size: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """recipe_defaults <- the size's overrides <- ``overrides`` <- the workflow's data settings."""
         merged = deep_merge(self.config["recipe_defaults"], self.sizes[size]["overrides"])
+        if self.num_gpus(size) != 1:  # an execution setting: the recipe identity stays that of one GPU
+            merged = deep_merge(merged, {"runtime": {"num_gpus": self.num_gpus(size)}})
         return deep_merge(deep_merge(merged, dict(overrides or {})), self.data_overrides())
+
+    def num_gpus(self, size: str) -> int:
+        """Ranks of one model in a training job of ``size``."""
+        return int(self.sizes[size].get("num_gpus", 1))
+
+    def check_one_gpu(self, size: str, where: str, what: str) -> None:
+        """``what`` (packed runs, the tuner) runs one process per job: refuse a size of several ranks."""
+        if self.num_gpus(size) != 1:
+            raise ConfigError(
+                f"{where}: size '{size}' has num_gpus {self.num_gpus(size)}, and {what} run on one GPU; "
+                "use a size with num_gpus 1"
+            )
 
     def mapping(
         self, size: str, overrides: Mapping[str, Any] | None = None, presets: tuple[str, ...] = ()
@@ -138,6 +152,8 @@ class RecipeBook:
         return self.size_recipe(size).runtime.device != "cpu"
 
     def size_resources(self, size: str) -> Resources:
-        """A training job of ``size``: its threads, memory and time; a GPU unless it trains on a CPU."""
-        spec = self.sizes[size]
-        return Resources(spec["threads"], spec["mem_mb"], spec["runtime_minutes"], int(self.uses_gpu(size)))
+        """A training job of ``size``: its threads, memory and time; a GPU per rank unless it trains on a
+        CPU (num_gpus ranks take threads each)."""
+        spec, ranks = self.sizes[size], self.num_gpus(size)
+        gpus = ranks * int(self.uses_gpu(size))
+        return Resources(spec["threads"] * ranks, spec["mem_mb"], spec["runtime_minutes"], gpus, ranks=ranks)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,13 +11,31 @@ from typing import Any
 import jsonschema
 import yaml
 
-from tiny_llm.config import number_from_text
 from tiny_llm.errors import ConfigError
+from tiny_llm.typed import did_you_mean, number_from_text
 
 
 def load_schema(schema_file: str | Path) -> dict[str, Any]:
     text = Path(schema_file).read_text(encoding="utf-8")
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def refuse_templates(config_files: Iterable[str | Path]) -> None:
+    """Refuse a workflow config that asks for Snakemake's YAML templates (``__use_yte__: true``).
+
+    Snakemake evaluates such a file's Python expressions when it reads it, and drops the key before the
+    schema sees the config: so look at the files themselves. This stops the run; the code already ran.
+    """
+    for path in config_files:
+        try:
+            document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # not a plain YAML file: Snakemake itself said what is wrong with it
+        if isinstance(document, dict) and "__use_yte__" in document:
+            raise ConfigError(
+                f"{path}: __use_yte__ (Snakemake's YAML templates, which run Python) is not allowed in a "
+                "workflow config; remove the key and write the values out"
+            )
 
 
 def validate_config(config: dict[str, Any], schema: dict[str, Any], sources: str) -> None:
@@ -56,9 +73,7 @@ def schema_problem(error: jsonschema.ValidationError) -> str:
         allowed = sorted(error.schema.get("properties", {}))
         hints = []
         for key in (key for key in error.instance if key not in allowed):
-            match = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{match[0]}'?" if match else f"allowed: {', '.join(allowed)}"
-            hints.append(f"{where}: unknown key '{key}' ({hint})")
+            hints.append(f"{where}: unknown key '{key}'{did_you_mean(str(key), allowed)}")
         return "; ".join(hints)
     return f"{where}: {error.message}"
 

@@ -16,6 +16,8 @@ class Resources:
     gpu: int
     timed: bool = False
     """The job measures throughput: nothing else may run beside it (see WorkflowPlan.threads)."""
+    ranks: int = 1
+    """Processes of one model (torchrun's --nproc-per-node; sizes.<size>.num_gpus)."""
 
 
 class StagePlan(Protocol):

@@ -55,12 +55,13 @@ class TuningPlan:
         spec = self.profiles[name]
         size = spec["size"]
         self.book.check_size(size, f"tuning.profiles.{name}.size")
+        self.book.check_one_gpu(size, f"tuning.profiles.{name}.size", "the tuner's candidates")
         overrides = self.book.overrides(size, spec["overrides"])
         rest = {key: value for key, value in spec.items() if key not in WORKFLOW_KEYS}
         return {**rest, "configs": [self.book.sizes[size]["preset"]], "overrides": overrides}
 
     def schedule_file(self, name: str, config_dir: Path) -> str:
-        """A profile's schedule (plan.json); for an undefined one, a line naming the config defining it."""
+        """A profile's schedule (plan.json); an undefined profile's error names the config defining it."""
         if name not in self.profiles:
             target = fill(TUNING_SELECTED, profile=name)
             where = [path for path in sorted(config_dir.glob("*.yaml")) if name in _profiles_in(path)]
@@ -113,14 +114,16 @@ class TuningPlan:
         return self.profiles[name]["size"]
 
     def resources(self, wildcards: Any) -> Resources:
-        """A candidate (a timed job): its size's threads, memory and device; the candidate timeout plus
-        start-up and compilation slack."""
+        """A candidate's resources: its size's threads, memory and device, for a timed job.
+
+        Its runtime is the candidate timeout plus ten minutes, for start-up and compilation.
+        """
         size = self.book.size_resources(self.size(wildcards.profile))
         minutes = int(self.profiles[wildcards.profile]["candidate_timeout_seconds"] // 60) + 10
         return Resources(size.threads, size.mem_mb, minutes, size.gpu, timed=True)
 
     def cache_tokens_needed(self) -> list[int]:
-        return []  # a candidate measures a few updates; the cache holds far more for any training run
+        return []  # any training run needs far more of the cache than the few updates a candidate measures
 
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:

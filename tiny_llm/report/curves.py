@@ -24,7 +24,7 @@ SHORT_KEYS = {
 }
 # Settings of where and how fast a run executes or is evaluated, not of what it learns (runtime.seed is kept).
 IGNORED_KEYS = re.compile(
-    r"runtime\.(?!seed$).*|data\.(cache_dir|prefetch|buffer_size_mib|tokenize_batch_size)|evaluation\..*"
+    r"runtime\.(?!seed$).*|data\.(cache_dir|prefetch|buffer_size_mib|tokenize_batch_size|prepare_workers)|evaluation\..*"
 )
 MAX_LABEL_KEYS = 3
 

@@ -24,6 +24,7 @@ from tiny_llm.campaign.ranking import (
     configuration_key,
     final_loss,
     loss_summary,
+    optimizer_name,
 )
 from tiny_llm.campaign.ranking import (
     group_configurations as group_outcomes,
@@ -90,6 +91,7 @@ class RunRecord:
             self.beta1 if self.beta1 is not None else inf,
             self.configuration_id,
             self.seed,
+            *optimizer_name(self.recipe.get("optimizer") or {}),
         )
 
 

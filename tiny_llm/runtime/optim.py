@@ -33,13 +33,14 @@ def parameter_groups(params: nn.Module | list[nn.Parameter], weight_decay: float
     ]
 
 
+def is_hidden_matrix(name: str, shape: tuple[int, ...] | torch.Size) -> bool:
+    """A transformer block's 2-D weight (attention q/k/v/out, SwiGLU gate/up/down): Muon's share."""
+    return len(shape) == 2 and name.startswith("blocks.")
+
+
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """The transformer blocks' 2-D weights (attention q/k/v/out, SwiGLU gate/up/down): Muon's share."""
-    return [
-        p
-        for name, p in model.named_parameters()
-        if p.requires_grad and p.ndim == 2 and name.startswith("blocks.")
-    ]
+    """The hidden matrices of ``model`` (``is_hidden_matrix``), in parameter order."""
+    return [p for name, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(name, p.shape)]
 
 
 def muon_settings(opt: OptimizerConfig) -> dict[str, Any]:

@@ -19,6 +19,13 @@ def request_stop(signum: int = signal.SIGTERM) -> None:
         _stop.append(signum)
 
 
+def withdraw_stop() -> bool:
+    """Take back a stop request (True if there was one): a caller that agrees stops with others first."""
+    requested = bool(_stop)
+    _stop.clear()
+    return requested
+
+
 def _handler(signum: int, frame: FrameType | None) -> None:
     request_stop(signum)
 

@@ -34,6 +34,7 @@ from tiny_llm.runtime.device import (
     with_forced_kernel,
 )
 from tiny_llm.runtime.engine import EngineFactory, build_model
+from tiny_llm.train import distributed
 
 
 class EvaluationAborted(Exception):
@@ -154,7 +155,7 @@ def evaluate_batches(
     compiled = compiled_losses(model, recipe, device)
     loss_fn = compiled or functools.partial(token_losses, model)
     try:
-        for inputs, targets in batches:
+        for inputs, targets in distributed.shard(batches):  # this rank's batches (all of them on one)
             if should_stop is not None and should_stop():
                 raise EvaluationAborted()
             count += int((targets != IGNORE_INDEX).sum())
@@ -165,6 +166,7 @@ def evaluate_batches(
             total += losses.double().sum()
     finally:
         model.train(was_training)
+    total, count = distributed.sum_over_ranks(total, count)
     if count == 0:
         return math.nan, 0
     return total.item() / count, count

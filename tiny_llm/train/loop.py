@@ -29,7 +29,7 @@ from tiny_llm.runtime.device import DeviceTimer, check_cuda_graph, pin_for, setu
 from tiny_llm.runtime.engine import Engine, EngineFactory, NonFiniteError, StepStats, UpdateAborted
 from tiny_llm.runtime.environment import device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
-from tiny_llm.train import checkpoint, continuation
+from tiny_llm.train import checkpoint, continuation, distributed
 from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
@@ -102,6 +102,7 @@ class Trainer:
     ) -> None:
         """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded); ``branch``: the
         state is another run's, trained to a point this recipe shares (`continuation`)."""
+        resume_path, state, branch = distributed.agree_start(resume_path, state, branch)  # rank 0's choice
         if state is None and resume_path is not None:
             state = checkpoint.load_state(resume_path)
         if branch:
@@ -352,7 +353,8 @@ class Trainer:
             "loader": loader_state or self.loader.state_dict(),
             "rng": checkpoint.rng_state(),
         }
-        checkpoint.save_state(self.run_dir / name, state)
+        if distributed.writes_files():  # rank 0 only: a K-rank state is a 1-rank state
+            checkpoint.save_state(self.run_dir / name, state)
 
     def interrupt(self) -> int:
         self.clock.pause()

@@ -22,6 +22,7 @@ from tiny_llm.campaign.templates import TUNED_KEYS
 from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
+from tiny_llm.typed import typed_from_dict
 
 # Stage 1, (micro_batch_size, compiled): the reference's order, then larger compiled microbatches up to the
 # reference's 20m production setting (micro 128 at 131,072 tokens). Micro batches above one update are
@@ -41,6 +42,7 @@ REFERENCE_STAGE1: tuple[tuple[int, bool], ...] = (
 
 
 SpaceKind = Literal["gpu", "cpu"]
+AttentionLabel = Literal["auto", "flash", "cudnn", "efficient", "math", "reference"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class TuningProfile:
     windows: int = 3
     data_mode: Literal["real", "synthetic"] = "real"
     stage1: tuple[tuple[int, bool], ...] = REFERENCE_STAGE1
-    attention_variants: tuple[str, ...] | None = None
+    attention_variants: tuple[AttentionLabel, ...] | None = None
     """Stage 2 labels; default flash/cudnn on GPU, math/reference on CPU."""
     compile_modes: tuple[str, ...] = ("reduce-overhead", "max-autotune")
     cpu_amp_variants: tuple[bool, ...] = (True, False)
@@ -104,52 +106,34 @@ class TuningProfile:
     """Stage 4 on gpu: the best so far with runtime.cuda_graph true; false leaves it out (none on cpu)."""
 
 
-PROFILE_KEYS = frozenset(TuningProfile.__dataclass_fields__) - {"name"}
-
-
 def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
-    """Build a profile from its workflow-config mapping; ConfigError names a bad key."""
-    unknown = sorted(set(data) - PROFILE_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"tuning.profiles.{name}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(PROFILE_KEYS))})"
-        )
-    overrides = data.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"tuning.profiles.{name}.overrides: expected a mapping of recipe keys")
-    kwargs: dict[str, Any] = {**data, "overrides": overrides}
-    configs = kwargs.get("configs")
-    if isinstance(configs, str):
-        kwargs["configs"] = (configs,)
-    if not kwargs.get("configs"):
-        raise ConfigError(f"tuning.profiles.{name}.configs: name at least one recipe preset or file")
-    for key in ("configs", "attention_variants", "compile_modes", "cpu_amp_variants", "threads"):
-        if kwargs.get(key) is not None:
-            kwargs[key] = tuple(kwargs[key])
-    if "stage1" in kwargs:
-        kwargs["stage1"] = tuple((int(m), bool(c)) for m, c in kwargs["stage1"])
-    profile = TuningProfile(name=name, **kwargs)
-    _check_profile(profile)
+    """Build a profile from its workflow-config mapping; one ConfigError line names each bad key."""
+    where = f"tuning.profiles.{name}"
+    if isinstance(data.get("configs"), str):  # one preset or file, as on the command line
+        data = {**data, "configs": [data["configs"]]}
+    profile = typed_from_dict(TuningProfile, {**data, "name": name}, where)
+    problems = profile_problems(profile)
+    if problems:
+        raise ConfigError("; ".join(f"{where}.{problem}" for problem in problems))
     return profile
 
 
-def _check_profile(p: TuningProfile) -> None:
-    where = f"tuning.profiles.{p.name}"
-    if p.space not in ("gpu", "cpu"):
-        raise ConfigError(f"{where}.space: expected gpu or cpu, got {p.space!r}")
-    if p.data_mode not in ("real", "synthetic"):
-        raise ConfigError(f"{where}.data_mode: expected real or synthetic, got {p.data_mode!r}")
-    for key in ("budget_minutes", "candidate_timeout_seconds", "warmup", "steps", "windows"):
-        if not getattr(p, key) > 0:
-            raise ConfigError(f"{where}.{key}: must be > 0, got {getattr(p, key)}")
+def profile_problems(p: TuningProfile) -> list[str]:
+    """The values no tuner run could use, each ``key: what is wrong`` (the types are the builder's)."""
+    problems = [
+        f"{key}: must be > 0, got {getattr(p, key)}"
+        for key in ("budget_minutes", "candidate_timeout_seconds", "warmup", "steps", "windows")
+        if not getattr(p, key) > 0
+    ]
     if p.min_start_seconds < 0:
-        raise ConfigError(f"{where}.min_start_seconds: must be >= 0, got {p.min_start_seconds}")
+        problems.append(f"min_start_seconds: must be >= 0, got {p.min_start_seconds}")
     if any(t <= 0 for t in p.threads):
-        raise ConfigError(f"{where}.threads: every thread count must be > 0, got {list(p.threads)}")
+        problems.append(f"threads: every thread count must be > 0, got {list(p.threads)}")
+    if not p.configs:
+        problems.append("configs: name at least one recipe preset or file")
     if not p.stage1:
-        raise ConfigError(f"{where}.stage1: needs at least one (micro_batch_size, compile) pair")
-    if not isinstance(p.cuda_graph, bool):
-        raise ConfigError(f"{where}.cuda_graph: expected true or false, got {p.cuda_graph!r}")
+        problems.append("stage1: needs at least one (micro_batch_size, compile) pair")
+    return problems
 
 
 def base_recipe(profile: TuningProfile) -> RecipeConfig:
@@ -172,10 +156,6 @@ parent stays the best. A variant of another stage that the recipe refuses is a f
 def _attention_variant(label: str) -> Variant:
     if label == "reference":
         return Variant("reference", {"runtime.attention_backend": "reference"})
-    if label not in ("auto", "flash", "cudnn", "efficient", "math"):
-        raise ConfigError(
-            f"tuning attention variant '{label}': expected auto, flash, cudnn, efficient, math or reference"
-        )
     return Variant(label, {"runtime.attention_backend": "sdpa", "runtime.sdpa_backend": label})
 
 
@@ -187,9 +167,13 @@ def compiled_first(pairs: tuple[tuple[int, bool], ...]) -> tuple[tuple[int, bool
 
 
 def stage_specs(profile: TuningProfile, batch_sequences: int) -> list[StageSpec]:
-    """The profile's stages (on a CPU: micro/compile, attention, precision, threads; on a GPU: micro/compile,
-    attention, compile modes, the CUDA graph, and no threads stage); stage 1 runs compiled settings first and
-    skips micro batches larger than one update."""
+    """The profile's stages, in run order:
+
+    1. micro batch x compile, compiled settings first, skipping micro batches larger than one update;
+    2. attention kernels, for the top 2;
+    3. compile modes (GPU) or BF16 autocast on and off (CPU), for the best;
+    4. the CUDA graph (GPU, unless the profile leaves it out) or thread counts (CPU), for the best.
+    """
     stage1 = tuple(
         Variant(
             f"m{micro}-{'compile' if compiled else 'eager'}",

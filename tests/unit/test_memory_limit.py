@@ -1,0 +1,87 @@
+"""runtime.memory_limit_mb: past the cap the benchmark worker records an out-of-memory, as on CUDA."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_llm.config import load_recipe
+from tiny_llm.errors import ConfigError
+from tiny_llm.runtime.memory import cpu_out_of_memory, memory_limit
+
+# A 32,000-token vocabulary on the tiny stack: 8 MiB of embedding (32 MiB with its gradient and Adam moments)
+# and 4 x 64 x 32,000 x 4 B = 31 MiB per logits buffer, well past what the test process may have freed earlier
+# and could reuse under the cap, in updates of a few milliseconds.
+TINY = [
+    "model.vocab_size=32000",
+    "runtime.cpu_threads=1",
+    "training.batch_tokens=256",
+    "training.micro_batch_size=4",
+]
+
+
+@pytest.mark.slow  # two benchmark-worker processes, ~3 s each
+@pytest.mark.parametrize(("limit_mb", "status"), [(16, "memory_limit"), (4096, "ok")])
+def test_the_cap_decides_between_out_of_memory_and_a_measurement(
+    limit_mb: int, status: str, tmp_path: Path
+) -> None:
+    # Its own process, as the throughput map runs it: memory a long test process freed earlier stays mapped
+    # and could be reused under the cap, so an in-process cap would admit more than it says.
+    output = tmp_path / "worker.json"
+    sets = [*TINY, f"runtime.memory_limit_mb={limit_mb}"]
+    command = [
+        sys.executable,
+        "-m",
+        "tiny_llm",
+        "benchmark-worker",
+        "--config",
+        "tiny",
+        "--output",
+        str(output),
+    ]
+    command += [*(a for s in sets for a in ("--set", s)), "--data-mode", "synthetic"]
+    command += ["--warmup", "1", "--steps", "1", "--windows", "2"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    out = json.loads(output.read_text())
+    assert out["status"] == status, out["error"]
+    if status == "memory_limit":
+        assert proc.returncode == 1 and out["error"].startswith("out of memory: CPU memory limit reached")
+        assert out["tokens_per_second"] is None
+    else:
+        assert proc.returncode == 0 and out["tokens_per_second"] > 0
+
+
+def test_allocator_failures_become_cuda_style_out_of_memory() -> None:
+    message = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes"
+    with (
+        pytest.raises(torch.OutOfMemoryError, match="memory limit reached: you tried to allocate 9 bytes"),
+        cpu_out_of_memory(),
+    ):
+        raise RuntimeError(f"[enforce fail at alloc_cpu.cpp:127] {message}")
+    with (
+        pytest.raises(torch.OutOfMemoryError, match="memory limit reached: MemoryError"),
+        cpu_out_of_memory(),
+    ):
+        raise MemoryError
+    with pytest.raises(ValueError), cpu_out_of_memory():  # other errors pass through unchanged
+        raise ValueError("not memory")
+
+
+def test_the_cap_is_lifted_on_leaving() -> None:
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    with memory_limit(64, torch.device("cpu")):
+        assert resource.getrlimit(resource.RLIMIT_DATA)[0] != resource.RLIM_INFINITY
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    with memory_limit(None, torch.device("cpu")):
+        assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+def test_a_non_positive_cap_is_refused() -> None:
+    with pytest.raises(ConfigError, match="runtime.memory_limit_mb: must be > 0"):
+        load_recipe(["tiny"], ["runtime.memory_limit_mb=0"])

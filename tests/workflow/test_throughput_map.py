@@ -1,0 +1,81 @@
+"""The throughput map as a workflow stage: a tiny map on the CPU under a memory cap finds its frontier through
+the checkpoint, reports it, resumes after an interruption and then has nothing to do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workflow_helpers import REPO, snakemake, tiny_config, write_config
+
+from tiny_llm.tuning.throughput_map import frontier
+
+# About 32 KiB per token of one update at this shape: a 3 MiB cap fits micro 2 x 32 and 1 x 64 tokens.
+MAP = {
+    "sizes": ["tiny"],
+    "contexts": [32, 64],
+    "max_micro_batch": 64,
+    "data_mode": "synthetic",
+    "warmup": 1,
+    "steps": 1,
+    "windows": 2,
+    "timeout_seconds": 120,
+    "overrides": {"runtime": {"memory_limit_mb": 3, "cpu_threads": 1}},
+}
+
+
+def test_frontier_doubles_to_an_out_of_memory_seen_twice() -> None:
+    statuses = {(1, "first"): "ok", (2, "first"): "ok", (4, "first"): "memory_limit"}
+    flaky = {**statuses, (4, "confirm"): "ok", (8, "first"): "memory_limit", (8, "confirm"): "memory_limit"}
+    walk = list(frontier(lambda m, t: {"status": statuses.get((m, t), "memory_limit")}, 64))
+    assert walk == [(1, "first"), (2, "first"), (4, "first"), (4, "confirm")]
+    # an out-of-memory that does not repeat is no frontier: the doubling goes on
+    assert list(frontier(lambda m, t: {"status": flaky[(m, t)]}, 64))[-2:] == [(8, "first"), (8, "confirm")]
+    assert list(frontier(lambda m, t: {"status": "ok"}, 4)) == [(1, "first"), (2, "first"), (4, "first")]
+    assert list(frontier(lambda m, t: {"status": "failed"}, 4)) == [(1, "first")]
+
+
+def test_gh200_grid_dry_runs_and_is_priced(tmp_path: Path) -> None:
+    config = REPO / "config" / "throughput-gh200.yaml"
+    proc = snakemake(tmp_path, config, "-n", "throughput")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "checkpoint jobs" in proc.stdout and "bench_throughput " in proc.stdout  # the first point
+    estimate = subprocess.run(
+        [sys.executable, "-m", "tiny_llm", "throughput", "estimate", "--workflow-config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    priced = json.loads(estimate.stdout)
+    assert priced["lines"] == 16 and priced["gpu_hours_at_most"] > 0
+    assert priced["parameters"]["500m"] == 516_814_080
+
+
+@pytest.mark.slow
+def test_tiny_map_finds_its_frontier_resumes_and_reruns_nothing(tmp_path: Path) -> None:
+    config = tiny_config()
+    config.update(runs={}, tuning={"default_profiles": []}, throughput=MAP)
+    path = write_config(tmp_path / "c.yaml", config)
+    points = tmp_path / "results" / "throughput" / "tiny"
+    # An interrupted map: only its first point was measured.
+    first = snakemake(tmp_path, path, "--cores", "2", "results/throughput/tiny/ctx32/m1-first.json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    measured = (points / "ctx32" / "m1-first.json").stat().st_mtime_ns
+    proc = snakemake(tmp_path, path, "--cores", "2", "throughput", timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (points / "ctx32" / "m1-first.json").stat().st_mtime_ns == measured  # resumed, not redone
+    summary = json.loads((tmp_path / "results" / "throughput" / "summary.json").read_text())
+    lines = {row["context"]: row for row in summary["lines"]}
+    for row in lines.values():
+        assert row["out_of_memory_confirmed"] and row["max_micro_batch_fits"] >= 1
+        last = row["points"][-1]
+        assert last["trial"] == "confirm" and last["micro_batch_size"] == 2 * row["max_micro_batch_fits"]
+        assert row["tokens_per_second"] > 0 and row["gpu_hours_20_tokens_per_parameter"] > 0
+    assert lines[64]["max_micro_batch_fits"] <= lines[32]["max_micro_batch_fits"]  # longer blocks, fewer fit
+    assert "| tiny | 32 |" in (tmp_path / "results" / "throughput" / "throughput.md").read_text()
+    assert (tmp_path / "results" / "throughput" / "throughput.png").stat().st_size > 0
+    again = snakemake(tmp_path, path, "--cores", "2", "throughput")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

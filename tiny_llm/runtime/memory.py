@@ -1,0 +1,95 @@
+"""runtime.memory_limit_mb: a memory cap under which running out looks like a CUDA out-of-memory.
+
+On the CPU the cap is the kernel's RLIMIT_DATA (private writable memory: the heap and every anonymous mmap, so
+each tensor), set to what the process holds once set up plus the cap: the baseline (interpreter, torch,
+thread arenas) differs between machines, the shape's own memory does not. The allocator's failure there is a
+plain RuntimeError (MemoryError from numpy or Python), re-raised as ``torch.OutOfMemoryError`` so the
+benchmark worker records it as it records CUDA's. On a GPU the cap is a per-process fraction of device memory,
+and the CUDA caching allocator raises its own out-of-memory past it. Under a CPU cap, allocations of 256 KiB
+or more get fresh mappings for the rest of the process (``fresh_mappings_for_tensors``), which costs some
+throughput: a capped CPU measurement finds the frontier, its tokens/s are not the headline figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import resource
+from collections.abc import Iterator
+
+import torch
+
+# DefaultCPUAllocator's message when malloc/posix_memalign fails (torch raises RuntimeError, not OOM).
+CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
+
+
+# glibc mallopt parameter, and the size from which every allocation gets a fresh mapping under a cap.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+def fresh_mappings_for_tensors() -> None:
+    """Make glibc map every allocation of MMAP_THRESHOLD_BYTES or more afresh (and give its free heap back):
+    memory this process freed earlier stays mapped, so reusing it would not grow VmData, and a cap measured
+    from VmData would admit more than it says. A fixed threshold also stops glibc raising it as it frees."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def data_segment_bytes() -> int:
+    """The process's VmData: what RLIMIT_DATA measures."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/self/status has no VmData line")
+
+
+@contextlib.contextmanager
+def memory_limit(limit_mb: int | None, device: torch.device) -> Iterator[None]:
+    """Cap the memory the body may allocate at ``limit_mb`` MiB (None: no cap); lifted on exit, so the
+    caller can still write its result after running out."""
+    if limit_mb is None:
+        yield
+        return
+    limit = limit_mb * 2**20
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        return
+    old = resource.getrlimit(resource.RLIMIT_DATA)
+    fresh_mappings_for_tensors()
+    cap = data_segment_bytes() + limit
+    if old[1] != resource.RLIM_INFINITY:
+        cap = min(cap, old[1])
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, old[1]))
+    try:
+        with cpu_out_of_memory():
+            yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, old)
+
+
+@contextlib.contextmanager
+def cpu_out_of_memory() -> Iterator[None]:
+    """Re-raise a CPU allocation failure as ``torch.OutOfMemoryError`` (what CUDA raises)."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise torch.OutOfMemoryError(f"CPU memory limit reached: {str(exc) or 'MemoryError'}") from exc
+    except RuntimeError as exc:
+        if CPU_ALLOCATOR_FAILURE not in str(exc) or isinstance(exc, torch.OutOfMemoryError):
+            raise
+        detail = str(exc).split(CPU_ALLOCATOR_FAILURE, 1)[1].strip(" :").splitlines()[0]
+        raise torch.OutOfMemoryError(f"CPU memory limit reached: {detail}") from exc
