@@ -24,6 +24,7 @@ from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import read_json
 from tiny_llm.train import distributed
+from tiny_llm.train.engine import ModelEngine
 
 # 14 updates of 16 blocks in 2 epochs, 4 microbatches each (2 per rank at K=2); a kept epoch-1 state.
 FEW = (
@@ -194,6 +195,56 @@ def test_a_one_process_state_resumes_at_two_ranks_and_a_dead_rank_fails_the_job(
     newest = "latest.pt" if "state saved" in log or (run_dir / "latest.pt").exists() else "epoch-001.pt"
     assert f"resumed from {run_dir / newest}" in (run_dir / "run.log").read_text()
     _assert_same(run_dir, one_process)
+
+
+# Three updates of (microbatches of 4 blocks): 2 per rank; 1 (rank 0 holds none: a short epoch-end
+# update); 2 per rank again, after DDP rebuilt its buckets.
+UPDATES = (16, 4, 16)
+
+
+def _engine_recipe() -> RecipeConfig:
+    sets = ["training.micro_batch_size=4", "runtime.device=cpu", "runtime.cpu_threads=1"]
+    return load_recipe(["tiny"], sets)
+
+
+def _updates() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    recipe = _engine_recipe()
+    length, vocab = recipe.model.context_length + 1, recipe.model.vocab_size
+    return [torch.randint(0, vocab, (n, length), generator=gen) for n in UPDATES]
+
+
+def _rank_updates(rank: int, init_file: str, out: str) -> None:
+    """One gloo rank: the DDP engine through UPDATES; rank 0 saves losses, norms and weights to ``out``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        engine = distributed.DistributedEngine(_engine_recipe(), torch.device("cpu"))
+        assert isinstance(engine.ddp, torch.nn.parallel.DistributedDataParallel)
+        stats = [engine.train_step(blocks, 1e-3, step) for step, blocks in enumerate(_updates(), 1)]
+        if rank == 0:
+            rows = [(s.loss, s.grad_norm) for s in stats]
+            torch.save({"rows": rows, "model": engine.model.state_dict()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_ddp_engine_sums_what_one_process_accumulates(tmp_path: Path) -> None:
+    """In-process ranks (no torchrun): the DDP engine equals the ordinary one update by update, including
+    an update where one rank holds no microbatch and the updates after DDP rebuilds its buckets."""
+    out = tmp_path / "rank0.pt"
+    torch.multiprocessing.spawn(_rank_updates, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    torch.set_num_threads(1)
+    engine = ModelEngine(_engine_recipe(), torch.device("cpu"))
+    want = [engine.train_step(blocks, 1e-3, step) for step, blocks in enumerate(_updates(), 1)]
+    got = torch.load(out, weights_only=True)
+    for (loss, norm), stats in zip(got["rows"], want, strict=True):
+        assert loss == pytest.approx(stats.loss, rel=1e-6)
+        assert norm == pytest.approx(stats.grad_norm, rel=1e-5)
+    for name, tensor in engine.model.state_dict().items():
+        torch.testing.assert_close(got["model"][name], tensor, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- fast: config and pure parts

@@ -4,13 +4,12 @@ parallelism that computes what one process accumulating K times as many microbat
 - Every rank reads the whole update from the same loader (same seed, same state) and trains its contiguous
   share of the update's microbatches, the same microbatches one process would run. The loader state, the
   budget, the schedule and the data order are therefore one process's, and a K-rank state is a 1-rank state.
-- Each microbatch's summed loss is divided by the targets of the whole update (all ranks), so summing the
-  ranks' accumulated gradients gives one process's gradient exactly, up to FP32 summation order. That sum is
-  one all-reduce per update of a flat buffer the gradient tensors are views of (the update's loss rides in its
-  last element): the same traffic as DDP with ``no_sync`` on all but the last microbatch. DDP is not used
-  because this engine keeps persistent gradient tensors zeroed in place (CUDA-graph safe), compiles a loss
-  function of the bare model, and must let a rank hold no microbatch of a short epoch-end update; DDP's
-  hooks would add its per-bucket copies and its uneven-input ``join`` for none of that.
+- Each microbatch's summed loss is divided by the targets of the whole update (all ranks), and the model runs
+  under PyTorch's DDP with ``no_sync`` on all but each rank's last microbatch and a comm hook that sums
+  (not averages) the buckets, so the ranks' gradients add up to one process's gradient exactly, up to FP32
+  summation order: one all-reduce of the gradients per update, overlapped with the last backward, and one
+  of the update's loss. DDP's gradient buckets are the engine's persistent gradient tensors
+  (``gradient_as_bucket_view``); a compiled loss runs inside DDP's forward, as DDP(compiled module) does.
 - Norm, clipping and the finite check then read identical all-reduced values on every rank, so every rank
   skips or fails the same update.
 - Stops are agreed: SIGTERM/SIGINT only set a local flag, which an asynchronous MAX all-reduce on a gloo
@@ -24,11 +23,13 @@ parallelism that computes what one process accumulating K times as many microbat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
 import signal
 import tempfile
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 
 from tiny_llm.config import TRACKING_ENV, RecipeConfig
 from tiny_llm.errors import ConfigError
@@ -247,24 +251,62 @@ class StopVote:
         return False
 
 
+class _MicrobatchLoss(nn.Module):
+    """The engine's summed microbatch loss as a module, for DDP to wrap: DDP's forward arms the gradient
+    all-reduce that the backward then runs."""
+
+    def __init__(self, model: nn.Module, loss: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, micro: torch.Tensor) -> torch.Tensor:
+        return self.loss(micro)
+
+
+def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's bucket all-reduce as a sum, not DDP's mean: each rank's losses are already scaled by the whole
+    update's targets, so the sum is one process's gradient."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+# DDP compares the hook's annotations with the types themselves; postponed annotations are strings.
+_sum_hook.__annotations__ = typing.get_type_hints(_sum_hook)
+
+
 class DistributedEngine(ModelEngine):
-    """The ordinary engine as one of K ranks: its share of the microbatches, then one all-reduce."""
+    """The ordinary engine as one of K ranks under DDP: its share of the microbatches, gradients summed
+    across ranks during the last one's backward."""
 
     def __init__(self, recipe: RecipeConfig, device: torch.device) -> None:
         super().__init__(recipe, device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) != 1:
-            raise RuntimeError(f"runtime.num_gpus: parameters of several dtypes {sorted(map(str, dtypes))}")
-        # One flat buffer: the gradients are views of it, the update's loss sum its last element.
-        self.flat = torch.zeros(sum(p.numel() for p in self.params) + 1, dtype=dtypes.pop(), device=device)
-        views, offset = [], 0
-        for param in self.params:
-            views.append(self.flat[offset : offset + param.numel()].view_as(param))
-            offset += param.numel()
-        self.grads = views
-        self.zero_grads()
+        super().zero_grads()  # attach the persistent gradients: DDP makes them views of its buckets
+
+        def wrap() -> DistributedDataParallel:
+            return DistributedDataParallel(
+                _MicrobatchLoss(self.model, self.microbatch_loss),
+                device_ids=None if device.type == "cpu" else [device],
+                forward_sync_buffers=False,  # the buffers (RoPE tables) are computed alike on every rank
+                gradient_as_bucket_view=True,  # no copies between the buckets and .grad
+            )
+
+        self.ddp = collective(wrap, "DDP's start")
+        self.ddp.register_comm_hook(None, _sum_hook)
         self.vote = StopVote()
+
+    def _bucket_views(self) -> list[torch.Tensor]:
+        """The gradients as DDP holds them now: it re-points .grad when it rebuilds its buckets."""
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            raise RuntimeError("runtime.num_gpus: DDP left a parameter without its gradient view")
+        return typing.cast(list[torch.Tensor], grads)
+
+    def zero_grads(self) -> None:
+        """Zero DDP's bucket views in place."""
+        self.grads = self._bucket_views()
+        torch._foreach_zero_(self.grads)
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
         if self.vote.agreed():
@@ -275,15 +317,28 @@ class DistributedEngine(ModelEngine):
     def forward_backward(
         self, blocks: torch.Tensor, num_targets: int, *, abortable: bool = True
     ) -> torch.Tensor:
-        """This rank's microbatches (losses over the whole update's ``num_targets``), then the sum of every
-        rank's gradients and loss. Never aborted midway: every rank must reach the all-reduce."""
+        """This rank's microbatches (losses over the whole update's ``num_targets``); DDP sums every rank's
+        gradients in the last one's backward (``no_sync`` before it), and one all-reduce sums the loss.
+        Never aborted midway: every rank must reach the all-reduces. A rank without a microbatch (in a
+        short epoch-end update) runs the update's first one at weight 0, to take part in DDP's sum."""
+        self.zero_grads()
         micro = self.micro_batch_size
         mine = share(-(-blocks.shape[0] // micro), self.rank, self.world_size)
-        local = blocks[mine.start * micro : mine.stop * micro]
-        total = super().forward_backward(local, num_targets, abortable=False)
-        self.flat[-1].copy_(total)
-        collective(lambda: dist.all_reduce(self.flat), "the gradient all-reduce")
-        return self.flat[-1].clone()
+        weight = 1.0 if len(mine) else 0.0
+        pieces = blocks[mine.start * micro : mine.stop * micro] if len(mine) else blocks[:micro]
+        chunks = pieces.split(micro)
+        total = torch.zeros((), device=self.device)
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync():
+                summed = self.ddp(chunk)
+                total += summed.detach() * weight
+                scaled = summed / num_targets * weight
+                with record_function("backward"):
+                    collective(scaled.backward, "the gradient all-reduce")
+        collective(lambda: dist.all_reduce(total), "the loss all-reduce")
+        self.grads = self._bucket_views()  # DDP rebuilds its buckets in the second update's forward
+        return total
 
     def export_weights(self, path: Path) -> None:
         if writes_files():

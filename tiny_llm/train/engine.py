@@ -96,14 +96,18 @@ class ModelEngine:
             if abortable and index and signals.stop_requested():
                 self.zero_grads()
                 raise UpdateAborted()
-            # Full microbatches run compiled; a short one runs eagerly instead of recompiling.
-            loss_fn = self._compiled_loss if micro.shape[0] == self.micro_batch_size else self._loss
-            with record_function("forward_and_loss"), compute_context(self.recipe, self.device):
-                summed = loss_fn(micro[:, :-1], micro[:, 1:])
+            summed = self.microbatch_loss(micro)
             total += summed.detach()  # read graph-owned outputs before the next replay reuses them
             with record_function("backward"):
                 (summed / num_targets).backward()
         return total
+
+    def microbatch_loss(self, micro: torch.Tensor) -> torch.Tensor:
+        """One microbatch's summed CE, with its graph for backward. Full microbatches run compiled; a
+        short one runs eagerly instead of recompiling."""
+        loss_fn = self._compiled_loss if micro.shape[0] == self.micro_batch_size else self._loss
+        with record_function("forward_and_loss"), compute_context(self.recipe, self.device):
+            return loss_fn(micro[:, :-1], micro[:, 1:])
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
         # Named regions cost nothing without a profiler; with one (benchmark-worker --profile) they split
