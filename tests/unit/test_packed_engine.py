@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
-import io
 import math
 
 import pytest
 import torch
+from packed_helpers import CPU, batches, packed_recipe, straight_and_resumed
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -18,21 +18,7 @@ from tiny_llm.packed.engine import PackedEngine, split_workers
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.train.engine import ModelEngine
 
-CPU = torch.device("cpu")
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def packed_recipe(*sets: str):
-    return load_recipe(["packed4-tiny"], ["decentralized.num_models=2", "training.batch_tokens=512", *sets])
-
-
-def batches(recipe, count: int, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    n = recipe.training.batch_tokens // recipe.model.context_length
-    shape = (n, recipe.model.context_length + 1)
-    return [torch.randint(0, recipe.model.vocab_size, shape, generator=gen) for _ in range(count)]
 
 
 def test_split_workers_gives_worker_i_samples_i_plus_kn():
@@ -182,25 +168,12 @@ def test_averaged_evaluation_equals_the_mean_weights():
 
 def test_packed_state_resumes_bitwise():
     recipe = packed_recipe("decentralized.adaptive_consensus={start_frac: 0.01, p: 1.0}")
-    data = batches(recipe, 4, seed=3)
-    straight = PackedEngine(recipe, CPU)
-    for step, blocks in enumerate(data, start=1):
-        straight.train_step(blocks, 1e-2 / step, step)
-    first = PackedEngine(recipe, CPU)
-    for step, blocks in enumerate(data[:2], start=1):
-        first.train_step(blocks, 1e-2 / step, step)
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = PackedEngine(recipe, CPU)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    for step, blocks in enumerate(data[2:], start=3):
-        resumed.train_step(blocks, 1e-2 / step, step)
+    straight, resumed = straight_and_resumed(recipe, batches(recipe, 4, seed=3), lambda step: 1e-2 / step)
     assert torch.equal(resumed.model.arena, straight.model.arena)
     assert torch.equal(resumed.optimizer.exp_avg_sq, straight.optimizer.exp_avg_sq)
     other = PackedEngine(load_recipe(["packed4-tiny"]), CPU)  # four workers cannot load a two-worker state
     with pytest.raises(ValueError):
-        other.load_state_dict(first.state_dict())
+        other.load_state_dict(resumed.state_dict())
 
 
 def test_short_update_and_non_finite_loss():

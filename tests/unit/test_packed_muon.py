@@ -4,36 +4,27 @@ N ordinary Muon runs, with mixing, its device-side skip of a non-finite update a
 from __future__ import annotations
 
 import copy
-import io
 
+import packed_helpers as packed
 import pytest
 import torch
 from host_reads import HostReads
+from packed_helpers import CPU, batches, straight_and_resumed
 from torch.optim._muon import _zeropower_via_newtonschulz
 
 from tiny_llm.bench.packed import SequentialRunner
-from tiny_llm.config import load_recipe
+from tiny_llm.config import RecipeConfig, load_recipe
 from tiny_llm.packed.engine import PackedEngine
 from tiny_llm.packed.muon import PackedMuon, batched_newton_schulz, shape_groups
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.optim import hidden_matrices
 
-CPU = torch.device("cpu")
 MUON = ["optimizer.name=muon", "optimizer.grad_clip=0.5"]  # worker norms start near 0.78: updates clip
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def packed_recipe(*sets: str):
-    return load_recipe(
-        ["packed4-tiny"], ["decentralized.num_models=2", "training.batch_tokens=512", *MUON, *sets]
-    )
-
-
-def batches(recipe, count: int, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    n = recipe.training.batch_tokens // recipe.model.context_length
-    shape = (n, recipe.model.context_length + 1)
-    return [torch.randint(0, recipe.model.vocab_size, shape, generator=gen) for _ in range(count)]
+def packed_recipe(*sets: str) -> RecipeConfig:
+    return packed.packed_recipe(*MUON, *sets)
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (172, 64), (64, 172)], ids=["square", "tall", "wide"])
@@ -149,19 +140,7 @@ def test_a_non_finite_update_is_skipped_on_the_device_and_names_its_step() -> No
 
 def test_packed_muon_state_resumes_bitwise_and_refuses_an_adamw_state() -> None:
     recipe = packed_recipe()
-    data = batches(recipe, 4, seed=3)
-    straight, first = PackedEngine(recipe, CPU), PackedEngine(recipe, CPU)
-    for step, blocks in enumerate(data, start=1):
-        straight.train_step(blocks, 3e-3, step)
-    for step, blocks in enumerate(data[:2], start=1):
-        first.train_step(blocks, 3e-3, step)
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)
-    buffer.seek(0)
-    resumed = PackedEngine(recipe, CPU)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    for step, blocks in enumerate(data[2:], start=3):
-        resumed.train_step(blocks, 3e-3, step)
+    straight, resumed = straight_and_resumed(recipe, batches(recipe, 4, seed=3), lambda step: 3e-3)
     assert torch.equal(resumed.model.arena, straight.model.arena)
     assert_same_state(resumed.optimizer.state_dict(), straight.optimizer.state_dict())
     adamw = PackedEngine(
