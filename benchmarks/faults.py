@@ -57,6 +57,7 @@ from faults_driver import kill_leftovers, run_snakemake  # noqa: E402
 from faults_fingerprint import differences, fingerprint  # noqa: E402
 from faults_inject import KINDS, Fault, recovery_seconds, run_with_faults  # noqa: E402
 from faults_slurm import SLURM_KINDS, SLURMD_KIND, cancel_slurm_jobs, slurm_profile  # noqa: E402
+from report_out import emit  # noqa: E402
 from snakemake_driver import claim_workdir  # noqa: E402
 
 from tiny_llm.io import read_json  # noqa: E402
@@ -245,10 +246,7 @@ def main() -> int:
     report = run(
         args.workdir, seeds, args.faults, args.shape, args.cores, kinds=args.kinds, executor=args.executor
     )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
+    emit(report, args.output)
     return 0 if report["total_differences"] == 0 else 1
 
 

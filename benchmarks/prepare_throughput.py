@@ -17,7 +17,6 @@ the training loader at the 20M shape (L=1024, 64 MiB ranges, 128-block microbatc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -25,6 +24,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_out import emit  # noqa: E402
 
 
 def build_corpus(work: Path, repeat: int) -> Path:
@@ -196,10 +198,7 @@ def main() -> int:
             report["loader"] = loader_timings(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output)
     return 0
 
 

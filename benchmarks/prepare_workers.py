@@ -12,7 +12,6 @@ object: tokens/s per worker count and ``ratio`` = tokens/s at the largest count 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prepare_throughput import build_corpus  # noqa: E402
+from report_out import emit  # noqa: E402
 
 
 def cache_bytes(cache: Path) -> dict[str, bytes]:
@@ -84,10 +84,7 @@ def main() -> int:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output)
     return 0
 
 
