@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tiny_llm.bench import profiling
-from tiny_llm.bench.worker import WorkerOptions, median_window, run_worker
+from tiny_llm.bench.worker import WorkerOptions, median_window, run_worker, spread_is_wide
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe
 from tiny_llm.engines import build_engine
@@ -64,6 +64,25 @@ def test_synthetic_run_reports_spec_keys_and_median():
     assert 0 < out["mfu"] < 1 and out["peak_source"].startswith("measured:float32")
     assert any("scaled_dot_product" in k for k in out["attention_kernels"])
     assert len(out["config_identity"]) == 64 and "hardware" in out["environment"]
+
+
+def test_more_windows_only_while_the_spread_is_wide():
+    rows = [{"tokens_per_second": r} for r in (100.0, 104.0, 98.0)]
+    assert not spread_is_wide(rows, 0.07) and spread_is_wide(rows, 0.05)  # spread 6 of median 100
+    recipe = load_recipe(["tiny"], TINY)
+    wide = run_worker(
+        recipe,
+        WorkerOptions(data_mode="synthetic", warmup=1, steps=1, windows=2, max_windows=4, max_spread=0.0),
+    )
+    assert wide["status"] == "ok" and [m["window"] for m in wide["measurements"]] == [0, 1, 2, 3]
+    assert wide["protocol"]["max_windows"] == 4
+    calm = run_worker(
+        recipe,
+        WorkerOptions(data_mode="synthetic", warmup=1, steps=1, windows=2, max_windows=4, max_spread=1e9),
+    )
+    assert len(calm["measurements"]) == 2  # no spread is wider than a billion medians
+    with pytest.raises(ConfigError, match="--max-windows: 0 or at least --windows"):
+        run_worker(recipe, WorkerOptions(data_mode="synthetic", windows=3, max_windows=2))
 
 
 def test_forced_kernels_dispatch_or_fail_clearly():

@@ -22,6 +22,8 @@ MAP = {
     "warmup": 1,
     "steps": 1,
     "windows": 2,
+    "max_windows": 3,
+    "max_spread": 0.0,  # every spread is wide: each measured point takes its third window
     "timeout_seconds": 120,
     "overrides": {"runtime": {"memory_limit_mb": 3, "cpu_threads": 1}},
 }
@@ -74,6 +76,7 @@ def test_tiny_map_finds_its_frontier_resumes_and_reruns_nothing(tmp_path: Path) 
         last = row["points"][-1]
         assert last["trial"] == "confirm" and last["micro_batch_size"] == 2 * row["max_micro_batch_fits"]
         assert row["tokens_per_second"] > 0 and row["gpu_hours_20_tokens_per_parameter"] > 0
+        assert all(len(p["window_tokens_per_second"]) == 3 for p in row["points"] if p["status"] == "ok")
     assert lines[64]["max_micro_batch_fits"] <= lines[32]["max_micro_batch_fits"]  # longer blocks, fewer fit
     assert "| tiny | 32 |" in (tmp_path / "results" / "throughput" / "throughput.md").read_text()
     assert (tmp_path / "results" / "throughput" / "throughput.png").stat().st_size > 0

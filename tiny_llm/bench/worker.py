@@ -4,7 +4,8 @@ Model, optimizer, loss, LR schedule, clipping and finite checks are the
 training engine's. Protocol: the first update (compilation included) and the
 rest of the warmup are timed separately; then peak memory is reset and
 ``windows`` windows of ``steps`` updates are timed, synchronised at window
-edges; the median window is reported. One more, profiled update records the
+edges, and more (up to ``max_windows``) while their spread is wide; the
+median window is reported. One more, profiled update records the
 attention kernels actually dispatched (and, with a profile path, writes a
 Chrome trace and an operator table).
 """
@@ -54,6 +55,10 @@ class WorkerOptions:
     steps: int = 100
     """Updates per timed window."""
     windows: int = 3
+    max_windows: int = 0
+    """More windows, up to this many, while the windows' spread (max - min tokens/s) exceeds max_spread of
+    their median; 0: exactly ``windows``."""
+    max_spread: float = 0.05
     profile_prefix: Path | None = None
     """Write <prefix>.trace.json and <prefix>.profile.txt from the profiled update."""
     require_gpu_name: str | None = None
@@ -64,6 +69,18 @@ def check_options(options: WorkerOptions) -> None:
     for key in ("warmup", "steps", "windows"):
         if getattr(options, key) < 1:
             raise ConfigError(f"--{key}: must be >= 1, got {getattr(options, key)}")
+    if options.max_windows and options.max_windows < options.windows:
+        raise ConfigError(
+            f"--max-windows: 0 or at least --windows ({options.windows}), got {options.max_windows}"
+        )
+    if options.max_spread < 0:
+        raise ConfigError(f"--max-spread: must be >= 0, got {options.max_spread}")
+
+
+def spread_is_wide(measurements: list[dict[str, Any]], max_spread: float) -> bool:
+    """Whether the windows' tokens/s spread (max - min) exceeds ``max_spread`` of their median."""
+    rates = [m["tokens_per_second"] for m in measurements]
+    return max(rates) - min(rates) > max_spread * statistics.median(rates)
 
 
 def check_gpu_name(device: torch.device, wanted: str | None) -> None:
@@ -179,24 +196,29 @@ class Updater:
 
 
 def timed_windows(update: Updater, device: torch.device, options: WorkerOptions) -> list[dict[str, Any]]:
-    tokens_per_window = options.steps * update.recipe.training.batch_tokens
-    out = []
-    for window in counted(range(options.windows), total=options.windows, desc="benchmark", unit="window"):
-        synchronize(device)  # the bar moves between windows, outside the timed interval
-        start = time.perf_counter()
-        stats = [update() for _ in range(options.steps)]
-        synchronize(device)
-        seconds = time.perf_counter() - start
-        out.append(
-            {
-                "window": window,
-                "seconds": seconds,
-                "tokens_per_second": tokens_per_window / seconds,
-                "loss": statistics.fmean(s.loss for s in stats),
-                "grad_norm": statistics.fmean(s.grad_norm for s in stats),
-            }
-        )
+    """``windows`` timed windows, then more (up to ``max_windows``) while their spread is wide."""
+    out = [
+        _window(update, device, options.steps, window)
+        for window in counted(range(options.windows), total=options.windows, desc="benchmark", unit="window")
+    ]
+    while len(out) < options.max_windows and spread_is_wide(out, options.max_spread):
+        out.append(_window(update, device, options.steps, len(out)))
     return out
+
+
+def _window(update: Updater, device: torch.device, steps: int, window: int) -> dict[str, Any]:
+    synchronize(device)  # the bar moves between windows, outside the timed interval
+    start = time.perf_counter()
+    stats = [update() for _ in range(steps)]
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    return {
+        "window": window,
+        "seconds": seconds,
+        "tokens_per_second": steps * update.recipe.training.batch_tokens / seconds,
+        "loss": statistics.fmean(s.loss for s in stats),
+        "grad_norm": statistics.fmean(s.grad_norm for s in stats),
+    }
 
 
 def make_batches(recipe: RecipeConfig, device: torch.device, options: WorkerOptions):
@@ -302,6 +324,8 @@ def _empty_result(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any
             "warmup": options.warmup,
             "steps": options.steps,
             "windows": options.windows,
+            "max_windows": options.max_windows,
+            "max_spread": options.max_spread,
             "data_mode": options.data_mode,
             "profile": options.profile_prefix is not None,
             "cache_identity": None,

@@ -20,6 +20,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=100, help="updates per timed window")
     parser.add_argument("--windows", type=int, default=3, help="timed windows; the median is reported")
     parser.add_argument(
+        "--max-windows", type=int, default=0, help="more windows, up to this many, while the spread is wide"
+    )
+    parser.add_argument(
+        "--max-spread", type=float, default=0.05, help="wide: max - min tokens/s above this of the median"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="also write OUTPUT.trace.json and OUTPUT.profile.txt"
     )
     parser.add_argument("--require-gpu-name", help="refuse to run unless the GPU name contains this text")
@@ -36,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         steps=args.steps,
         windows=args.windows,
+        max_windows=args.max_windows,
+        max_spread=args.max_spread,
         profile_prefix=prefix if args.profile else None,
         require_gpu_name=args.require_gpu_name,
     )

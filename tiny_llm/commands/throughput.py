@@ -27,6 +27,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     point.add_argument("--warmup", type=int, default=20)
     point.add_argument("--steps", type=int, default=100)
     point.add_argument("--windows", type=int, default=3)
+    point.add_argument("--max-windows", type=int, default=0, help="more windows while the spread is wide")
+    point.add_argument("--max-spread", type=float, default=0.05)
     point.add_argument("--timeout-seconds", type=float, default=600)
     point.add_argument("--output", required=True, help="the point's record (JSON, written last)")
     report = sub.add_parser("report", help="summary, table and plot of finished points")
@@ -50,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from tiny_llm.tuning import throughput_map
 
     if args.action == "point":
-        protocol = {
-            k: getattr(args, k) for k in ("data_mode", "warmup", "steps", "windows", "timeout_seconds")
-        }
+        protocol = {k: getattr(args, k) for k in throughput_map.PROTOCOL_KEYS}
         record = throughput_map.run_point(
             Path(args.recipe), args.context, args.micro, Path(args.output), protocol, args.trial
         )

@@ -26,9 +26,7 @@ from tiny_llm.pipeline.layout import (
 )
 from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.stage import Resources
-from tiny_llm.tuning.throughput_map import estimate, frontier, point_sets, protocol_updates
-
-PROTOCOL_KEYS = ("data_mode", "warmup", "steps", "windows", "timeout_seconds")
+from tiny_llm.tuning.throughput_map import PROTOCOL_KEYS, estimate, frontier, point_sets, protocol_updates
 
 
 class ThroughputPlan:

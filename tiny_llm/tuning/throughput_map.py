@@ -24,6 +24,8 @@ from tiny_llm.tuning.candidates import window_noise
 TRIALS = ("first", "confirm")
 OUT_OF_MEMORY = "memory_limit"
 TOKENS_PER_PARAMETER = 20
+# A point's protocol (the throughput section's keys, the point command's flags).
+PROTOCOL_KEYS = ("data_mode", "warmup", "steps", "windows", "max_windows", "max_spread", "timeout_seconds")
 
 
 def point_sets(context: int, micro: int, parameters: int, updates: int) -> list[str]:
@@ -41,8 +43,10 @@ def point_sets(context: int, micro: int, parameters: int, updates: int) -> list[
 
 
 def protocol_updates(protocol: dict[str, Any]) -> int:
-    """Updates one worker runs: warm-up, the timed windows and the profiled update."""
-    return int(protocol["warmup"]) + int(protocol["steps"]) * int(protocol["windows"]) + 1
+    """Updates one worker runs at most: warm-up, the timed windows (the extra ones too) and the profiled
+    update."""
+    windows = max(int(protocol["windows"]), int(protocol["max_windows"]))
+    return int(protocol["warmup"]) + int(protocol["steps"]) * windows + 1
 
 
 def frontier(
@@ -73,8 +77,8 @@ def worker_command(
     for key in point_sets(context, micro, parameters, protocol_updates(protocol)):
         cmd += ["--set", key]
     cmd += ["--output", str(output), "--data-mode", protocol["data_mode"]]
-    for flag in ("warmup", "steps", "windows"):
-        cmd += [f"--{flag}", str(protocol[flag])]
+    for key in ("warmup", "steps", "windows", "max_windows", "max_spread"):
+        cmd += [f"--{key.replace('_', '-')}", str(protocol[key])]
     return cmd
 
 
