@@ -18,7 +18,7 @@ from tiny_llm.errors import DataError
 from tiny_llm.report import write_report
 from tiny_llm.report.curves import differing_keys, draw_curves, run_labels
 from tiny_llm.report.records import collect_runs
-from tiny_llm.report.tables import GIB, TABLE_HEADER, table_cells
+from tiny_llm.report.tables import GIB, TABLE_HEADER, optimizer_cell, table_cells
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -124,7 +124,7 @@ def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tm
     everything = json.loads((out / "comparison.json").read_text())
     rows = [r for r in everything if r["kind"] == "run"]
     keys = ["kind", "run", "stage", "preset", "parameters", "lr", "weight_decay", "beta2", "loss", "tokens"]
-    extra = ["beta1", "seed", "configuration", "status"]
+    extra = ["beta1", "seed", "configuration", "status", "optimizer", "muon_lr"]
     assert list(rows[0]) == keys + ["median_tokens_per_second", "peak_memory_bytes"] + extra
     # a campaign (campaign.json) also gets one aggregate row per configuration: here one seed each
     configurations = [r for r in everything if r["kind"] == "configuration"]
@@ -136,8 +136,8 @@ def test_report_files_exist_parse_and_the_table_matches_comparison_json(runs, tm
     table = parse_table(report_md)
     assert len(table) == len(rows) == 6
     for cells, row in zip(table, rows, strict=True):
-        assert cells[0] == row["run"]
-        values = [None if c == "-" else float(c.replace(",", "")) for c in cells[1:]]
+        assert cells[0] == row["run"] and cells[1] == "adamw"
+        values = [None if c == "-" else float(c.replace(",", "")) for c in cells[2:]]
         peak = row["peak_memory_bytes"] / GIB if row["peak_memory_bytes"] else None
         expected = [row[k] for k in ("parameters", "lr", "weight_decay", "beta2", "loss", "tokens")]
         expected += [row["median_tokens_per_second"], peak]
@@ -310,10 +310,11 @@ def test_seeded_report_aggregates_configurations(seeded, tmp_path):
     assert worst["diverged"] == ["s-lr0.001-wd0.1-s43"] and worst["losses"] == [4.0, None]
     report_md = (out / "report.md").read_text()
     assert (
-        "| s-lr0.003-wd0.1 | 42, 43 | 200,000 | 0.003 | 0.1 | 0.9 | 0.95 | 3.600000 ± 0.141421 |" in report_md
+        "| s-lr0.003-wd0.1 | adamw | 42, 43 | 200,000 | 0.003 | 0.1 | 0.9 | 0.95 | 3.600000 ± 0.141421 |"
+        in report_md
     )
     assert (
-        "| s-lr0.001-wd0.1 | 42, 43 | 200,000 | 0.001 | 0.1 | 0.9 | 0.95 | diverged (1 of 2 seeds) |"
+        "| s-lr0.001-wd0.1 | adamw | 42, 43 | 200,000 | 0.001 | 0.1 | 0.9 | 0.95 | diverged (1 of 2 seeds) |"
         in report_md
     )
     assert "counted as the worst loss, so its configuration ranks after every configuration" in report_md
@@ -341,3 +342,9 @@ def test_seeded_curves_are_means_with_a_band(seeded):
         assert [t.get_text() for t in val_ax.get_legend().get_texts()] == ["lr=0.003", "lr=0.001"]
     finally:
         plt.close(fig)
+
+
+def test_a_muon_row_names_its_optimizer_and_muon_lr():
+    assert optimizer_cell({"optimizer": "muon", "muon_lr": 0.02}) == "muon (muon_lr 0.02)"
+    assert optimizer_cell({"optimizer": "adamw", "muon_lr": None}) == "adamw"
+    assert optimizer_cell({}) == "adamw"  # a row of an earlier comparison.json

@@ -76,6 +76,7 @@ class RunRecord:
         out["seed"] = self.seed
         out["configuration"] = self.configuration_id
         out["status"] = self.status
+        out["optimizer"], out["muon_lr"] = optimizer_name(self.recipe.get("optimizer") or {})
         return out
 
     @property
@@ -146,6 +147,8 @@ class ConfigurationRecord:
             "weight_decay": first.weight_decay,
             "beta1": first.beta1,
             "beta2": first.beta2,
+            "optimizer": first.row()["optimizer"],
+            "muon_lr": first.row()["muon_lr"],
             "loss_mean": self.mean,
             "loss_sd": self.sd,
             "n": len(self.members),

@@ -8,11 +8,14 @@ from typing import Any
 from tiny_llm.report.records import ConfigurationRecord, RunRecord
 
 GIB = 1024**3
-TABLE_HEADER = ("Run", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB")
-CONFIG_HEADER = (
-    "Configuration", "Seeds", "Parameters", "LR", "Decay", "β1", "β2", "Final loss (mean ± SD)", "Tokens",
-    "Median tok/s", "Peak GiB",
+TABLE_HEADER = (
+    "Run", "Optimizer", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB",
 )  # fmt: skip
+CONFIG_HEADER = (
+    "Configuration", "Optimizer", "Seeds", "Parameters", "LR", "Decay", "β1", "β2", "Final loss (mean ± SD)",
+    "Tokens", "Median tok/s", "Peak GiB",
+)  # fmt: skip
+TEXT_COLUMNS = ("Run", "Configuration", "Optimizer")  # left-aligned in table.html; the rest are figures
 CONFIG_NOTE = (
     "One row per configuration: its final losses over the seeds as mean ± sample SD (one seed: no SD); a "
     "seed that diverged counts as the worst loss, so its configuration ranks after every one whose seeds "
@@ -40,10 +43,18 @@ def fmt(value: Any, kind: str) -> str:
     return f"{value:.6g}"
 
 
+def optimizer_cell(row: dict[str, Any]) -> str:
+    """'adamw', or 'muon (muon_lr X)': LR is then the AdamW rate of the embeddings, norms and head."""
+    if row.get("muon_lr") is None:
+        return str(row.get("optimizer") or "adamw")
+    return f"{row['optimizer']} (muon_lr {fmt(row['muon_lr'], 'num')})"
+
+
 def table_cells(row: dict[str, Any]) -> list[str]:
     """One report.md table row from one comparison.json row."""
     return [
         row["run"],
+        optimizer_cell(row),
         fmt(row["parameters"], "int"),
         fmt(row["lr"], "num"),
         fmt(row["weight_decay"], "num"),
@@ -66,6 +77,7 @@ def config_cells(row: dict[str, Any]) -> list[str]:
     seeds = ", ".join("-" if s is None else str(s) for s in row["seeds"])
     return [
         row["configuration"],
+        optimizer_cell(row),
         seeds,
         fmt(row["parameters"], "int"),
         fmt(row["lr"], "num"),
@@ -146,7 +158,7 @@ def _html_table(
     stages: bool,
 ) -> list[str]:
     """A table of (stage, row class, cells) items; a stage row before each stage when ``stages``."""
-    numeric = [False] + [True] * (len(header) - 1)
+    numeric = [h not in TEXT_COLUMNS for h in header]
     head = "".join(
         f'<th class="num">{escape(h)}</th>' if num else f"<th>{escape(h)}</th>"
         for h, num in zip(header, numeric, strict=True)
