@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from slurm_helpers import PROFILE, REPO, SNAKEFILE
 
@@ -73,6 +74,7 @@ def job_blocks(dry_run: str) -> list[tuple[str, dict[str, str]]]:
     return blocks
 
 
+@pytest.mark.slow
 def test_full_scale_dry_run_asks_for_one_gpu_per_training_and_benchmark_job(tmp_path: Path) -> None:
     """From a copy of the repository root, as users launch: `snakemake --workflow-profile profiles/slurm`."""
     (tmp_path / "config").mkdir()

@@ -58,6 +58,7 @@ def fake_result(root: Path, run: str, checkpoint: str, step: int, case: str, *, 
     return job
 
 
+@pytest.mark.slow
 def test_summary_has_one_row_per_checkpoint_and_case_and_draws_every_figure(tmp_path: Path) -> None:
     jobs = [
         fake_result(tmp_path, "demo-s", f"epoch-{e:03d}", 10 * e, case, packed=True)

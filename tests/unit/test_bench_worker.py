@@ -66,6 +66,7 @@ def test_synthetic_run_reports_spec_keys_and_median():
     assert len(out["config_identity"]) == 64 and "hardware" in out["environment"]
 
 
+@pytest.mark.slow
 def test_more_windows_only_while_the_spread_is_wide():
     rows = [{"tokens_per_second": r} for r in (100.0, 104.0, 98.0)]
     assert not spread_is_wide(rows, 0.07) and spread_is_wide(rows, 0.05)  # spread 6 of median 100

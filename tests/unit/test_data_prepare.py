@@ -217,6 +217,7 @@ prepare.prepare_cache(load_recipe(["tiny"], sys.argv[1:]), progress=False)
 """
 
 
+@pytest.mark.slow
 def test_killed_preparer_holds_the_lock_and_its_partial_is_cleaned(small, tiny_recipe_args, tmp_path):
     import os
     import signal

@@ -231,6 +231,7 @@ def _rank_updates(rank: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_the_ddp_engine_sums_what_one_process_accumulates(tmp_path: Path) -> None:
     """In-process ranks (no torchrun): the DDP engine equals the ordinary one update by update, including
     an update where one rank holds no microbatch and the updates after DDP rebuilds its buckets."""

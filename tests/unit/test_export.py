@@ -228,7 +228,7 @@ def test_non_default_rope_theta_and_norm_eps_round_trip(tiny_run, tiny_cache, ti
         assert not torch.allclose(default(inputs), ours(inputs), atol=1e-3)
 
 
-@pytest.mark.parametrize("shape", ["demo-s", "20m"])
+@pytest.mark.parametrize("shape", ["demo-s", pytest.param("20m", marks=pytest.mark.slow)])
 def test_preset_shapes_match_transformers_at_full_context(shape):
     """Random weights at twice the init scale, the preset's full context (1024 for 20m)."""
     cfg = load_recipe([shape], ["model.init_std=0.04"]).model

@@ -116,6 +116,7 @@ def test_report_commands_refuse_a_users_report_and_comparison(tmp_path: Path, ca
         write_report(tmp_path / "in" / "runs", tmp_path / "users" / "report")
 
 
+@pytest.mark.slow
 def test_report_commands_mark_their_folders_and_write_there_again(tmp_path: Path, capsys) -> None:
     for command, argv in report_commands(tmp_path).items():
         out = tmp_path / "out" / command
@@ -129,6 +130,7 @@ def test_report_commands_mark_their_folders_and_write_there_again(tmp_path: Path
         assert (out / "notes.txt").is_file()
 
 
+@pytest.mark.slow
 def test_reports_written_before_the_marker_are_recognised_and_inputs_beside_a_summary_are_fine(
     tmp_path: Path, capsys
 ) -> None:

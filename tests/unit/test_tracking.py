@@ -73,6 +73,7 @@ def test_tensorboard_event_files_hold_every_row(tiny_cache, tiny_recipe_args, tm
     assert json.loads((run_dir / "result.json").read_text())["recipe_identity"] == identity
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_files_hold_rows_config_name_and_group(
     tiny_cache, tiny_recipe_args, tmp_path, monkeypatch
 ):

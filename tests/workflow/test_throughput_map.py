@@ -40,6 +40,7 @@ def test_frontier_doubles_to_an_out_of_memory_seen_twice() -> None:
     assert list(frontier(lambda m, t: {"status": "failed"}, 4)) == [(1, "first")]
 
 
+@pytest.mark.slow
 def test_gh200_grid_dry_runs_and_is_priced(tmp_path: Path) -> None:
     config = REPO / "config" / "throughput-gh200.yaml"
     proc = snakemake(tmp_path, config, "-n", "throughput")

@@ -56,6 +56,7 @@ def test_gh200_profile_dag_is_static(cluster_dry_run: subprocess.CompletedProces
     assert "--slot s4-r0-t" not in proc.stdout and "--slot s5-" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_bad_profile_is_rejected_naming_the_key(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", tuning_config(stage1=[[64, False]]))
     proc = snakemake(tmp_path, config, "-n", "results/toy-tuning/selected.yaml")

@@ -40,6 +40,7 @@ def test_default_target_is_the_embedded_demo(demo_dry_run: subprocess.CompletedP
     assert "python -m tiny_llm build-demo-corpus" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cluster_config_streams_c4_without_building_a_corpus(
     tmp_path: Path, cluster_dry_run: subprocess.CompletedProcess
 ) -> None:
@@ -232,6 +233,7 @@ def test_stages_are_switched_off_by_their_targets_only() -> None:
         assert "(?!)" not in path.read_text(encoding="utf-8"), path.name
 
 
+@pytest.mark.slow
 def test_a_config_without_a_campaign_still_defines_its_rules(tmp_path: Path) -> None:
     proc = snakemake(tmp_path, write_config(tmp_path / "tiny.yaml", tiny_config()), "--list-rules")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -244,6 +246,7 @@ def test_a_config_without_a_campaign_still_defines_its_rules(tmp_path: Path) -> 
     assert set(job_counts(proc.stdout)) == {"campaign", "total"}  # the target alone: no campaign job
 
 
+@pytest.mark.slow
 def test_the_reference_wsd_horizon_study_dry_runs_to_3_trunks_and_15_branches(tmp_path: Path) -> None:
     """config/wsd-horizons-20m.yaml: 5 horizons x 3 seeds; a trunk per seed, stopped at 160's decay start."""
     proc = snakemake(tmp_path, REPO / "config" / "wsd-horizons-20m.yaml", "-n", "horizons")
