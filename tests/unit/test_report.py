@@ -347,4 +347,3 @@ def test_seeded_curves_are_means_with_a_band(seeded):
 def test_a_muon_row_names_its_optimizer_and_muon_lr():
     assert optimizer_cell({"optimizer": "muon", "muon_lr": 0.02}) == "muon (muon_lr 0.02)"
     assert optimizer_cell({"optimizer": "adamw", "muon_lr": None}) == "adamw"
-    assert optimizer_cell({}) == "adamw"  # a row of an earlier comparison.json

@@ -76,8 +76,13 @@ class RunRecord:
         out["seed"] = self.seed
         out["configuration"] = self.configuration_id
         out["status"] = self.status
-        out["optimizer"], out["muon_lr"] = optimizer_name(self.recipe.get("optimizer") or {})
+        out["optimizer"], out["muon_lr"] = self.optimizer
         return out
+
+    @property
+    def optimizer(self) -> tuple[str, float | None]:
+        """(optimizer.name, its effective muon_lr or None): ``optimizer_name`` of the recipe."""
+        return optimizer_name(self.recipe.get("optimizer") or {})
 
     @property
     def outcome(self) -> RunOutcome:
@@ -92,7 +97,7 @@ class RunRecord:
             self.beta1 if self.beta1 is not None else inf,
             self.configuration_id,
             self.seed,
-            *optimizer_name(self.recipe.get("optimizer") or {}),
+            *self.optimizer,
         )
 
 
@@ -147,8 +152,8 @@ class ConfigurationRecord:
             "weight_decay": first.weight_decay,
             "beta1": first.beta1,
             "beta2": first.beta2,
-            "optimizer": first.row()["optimizer"],
-            "muon_lr": first.row()["muon_lr"],
+            "optimizer": first.optimizer[0],
+            "muon_lr": first.optimizer[1],
             "loss_mean": self.mean,
             "loss_sd": self.sd,
             "n": len(self.members),

@@ -45,8 +45,8 @@ def fmt(value: Any, kind: str) -> str:
 
 def optimizer_cell(row: dict[str, Any]) -> str:
     """'adamw', or 'muon (muon_lr X)': LR is then the AdamW rate of the embeddings, norms and head."""
-    if row.get("muon_lr") is None:
-        return str(row.get("optimizer") or "adamw")
+    if row["muon_lr"] is None:
+        return str(row["optimizer"])
     return f"{row['optimizer']} (muon_lr {fmt(row['muon_lr'], 'num')})"
 
 
