@@ -83,3 +83,11 @@ def test_tiny_map_finds_its_frontier_resumes_and_reruns_nothing(tmp_path: Path) 
     assert (tmp_path / "results" / "throughput" / "throughput.png").stat().st_size > 0
     again = snakemake(tmp_path, path, "--cores", "2", "throughput")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_max_windows_below_windows_is_refused_in_one_line(tmp_path: Path) -> None:
+    config = tiny_config()
+    config.update(runs={}, tuning={"default_profiles": []}, throughput={**MAP, "max_windows": 1})
+    proc = snakemake(tmp_path, write_config(tmp_path / "c.yaml", config), "-n", "throughput")
+    assert proc.returncode != 0
+    assert "throughput.max_windows: 0 or at least windows (2), got 1" in proc.stdout + proc.stderr

@@ -38,6 +38,11 @@ class ThroughputPlan:
         self.enabled = bool(section["default_target"]) and bool(self.sizes)
         if self.sizes and not self.contexts:
             raise ConfigError("throughput.contexts: empty; name the context lengths to measure")
+        if 0 < section["max_windows"] < section["windows"]:
+            raise ConfigError(
+                f"throughput.max_windows: 0 or at least windows ({section['windows']}), got "
+                f"{section['max_windows']}"
+            )
         self.parameters: dict[str, int] = {}
         for size in self.sizes:
             book.check_size(size, "throughput.sizes")
