@@ -53,8 +53,13 @@ except TinyLLMError as exc:
 os.environ.update(PLAN.tracking_env)
 
 
-# One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py).
-shell.prefix(f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; ")
+# One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py). A
+# prefix replaces Snakemake's own `set -euo pipefail; `, which stays first: a failing command before a pipe
+# (`campaign plan ... | tee`) then fails its job instead of passing as tee's exit status.
+shell.prefix(
+    "set -euo pipefail; "
+    f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; "
+)
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job
