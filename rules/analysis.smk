@@ -20,7 +20,7 @@ wildcard_constraints:
 rule analyze_checkpoint:
     input:
         ready=analysed_run_ready,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         ANALYSIS_JOB,
     log:

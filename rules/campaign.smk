@@ -11,8 +11,9 @@
 # <campaign>/<stage>/ranking.json, report/         rankings and the comparison report
 # (<campaign> is campaign.output_dir; the patterns are CAMPAIGN_FILES, tiny_llm/pipeline/layout.py)
 #
-# Recipes are `ancient` inputs of training: rewriting one with the same content (a replanned campaign) never
-# retrains a finished run, and a change of content is rejected by the campaign identity before anything runs.
+# Recipes and templates are plain inputs (rules/common.smk says why none is `ancient`): a replanned campaign
+# rewrites them with the same content, and a finished run then only redoes its final validation; a change of
+# content is rejected by the campaign identity before anything runs.
 # Planning, selection, ranking and the report are cheap local rules (on Slurm they run beside the controller);
 # only training jobs take a GPU. A workflow config without campaign stages leaves these rules without targets.
 
@@ -44,8 +45,8 @@ rule plan_campaign:
 
 rule train_campaign:
     input:
-        recipe=ancient(CAMPAIGN_FILES.recipe),
-        cache=ancient(PLAN.data.cache_manifest),
+        recipe=CAMPAIGN_FILES.recipe,
+        cache=PLAN.data.cache_manifest,
     output:
         CAMPAIGN_FILES.result,
     log:
@@ -71,7 +72,7 @@ rule train_campaign:
 
 rule select_run:
     input:
-        settings=ancient(CAMPAIGN_FILES.settings),
+        settings=CAMPAIGN_FILES.settings,
         results=campaign_parent_results,
         recipes=campaign_parent_recipes,
         template=campaign_template,
@@ -95,7 +96,7 @@ rule select_run:
 
 rule rank_stage:
     input:
-        settings=ancient(CAMPAIGN_FILES.settings),
+        settings=CAMPAIGN_FILES.settings,
         results=campaign_stage_results,
     output:
         CAMPAIGN_FILES.ranking,

@@ -4,10 +4,16 @@
 #
 # Plan files (every training job's recipe.yaml, the token cache's recipe, tuning profiles, campaign settings)
 # are written by rule write_plan_file, which runs only when a file's content changes (or it is missing). The
-# job that reads one takes it as a plain input, so the same call that rewrites a recipe reruns its job (an
-# `ancient` input would not: Snakemake never re-checks a job downstream of one that reruns, and a params
-# function taking `input` is not a params trigger). The trainer then sets aside a run of another recipe
-# identity; a rewritten recipe of the same identity only redoes its final validation from final.pt.
+# job that reads one takes it as a plain input, so the same call that rewrites a recipe reruns its job. The
+# trainer then sets aside a run of another recipe identity; a rewritten recipe of the same identity only redoes
+# its final validation from final.pt.
+#
+# No input is `ancient`. Snakemake 9 masks every job downstream of one that must run, and reaches a masked job
+# only through an edge from a job that runs; an `ancient` edge whose file exists is not followed, so the job
+# behind it and everything after it (the target included) is skipped even when its outputs are missing: a
+# rerun after a killed controller re-ran the killed `campaign plan` alone and exited 0 with no campaign run
+# trained (tests/workflow/test_rerun_complete.py). Every edge here is plain: a job that reruns reruns what
+# reads its outputs, and a finished run reached that way only re-finalises (its final validation).
 
 import functools
 import shlex
@@ -197,12 +203,12 @@ def campaign_parent_results(wildcards) -> list[str]:
     return PLAN.campaign.results(PLAN.campaign.previous(wildcards.stage))
 
 
-def campaign_parent_recipes(wildcards) -> list:
-    return [ancient(path) for path in PLAN.campaign.recipes(PLAN.campaign.previous(wildcards.stage))]
+def campaign_parent_recipes(wildcards) -> list[str]:
+    return PLAN.campaign.recipes(PLAN.campaign.previous(wildcards.stage))
 
 
-def campaign_template(wildcards):
-    return ancient(PLAN.campaign.template(wildcards.stage))
+def campaign_template(wildcards) -> str:
+    return PLAN.campaign.template(wildcards.stage)
 
 
 def campaign_root(wildcards, output) -> str:

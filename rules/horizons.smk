@@ -19,7 +19,7 @@ wildcard_constraints:
 rule train_trunk:
     input:
         recipe=HORIZONS_TRUNK_RECIPE,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         HORIZONS_TRUNK_STOPPED,
     log:
@@ -44,7 +44,7 @@ rule train_branch:
     input:
         recipe=HORIZONS_BRANCH_RECIPE,
         trunk=HORIZONS_TRUNK_STOPPED,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         HORIZONS_BRANCH_RESULT,
     log:

@@ -22,7 +22,7 @@ wildcard_constraints:
 rule train_packed:
     input:
         recipe=PACKED_RECIPE,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         PACKED_RESULT,
     log:

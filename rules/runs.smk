@@ -8,7 +8,7 @@
 rule train_run:
     input:
         recipe=RUN_RECIPE,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         RUN_RESULT,
     log:
