@@ -10,7 +10,12 @@ from snakemake.utils import min_version
 
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import STAGES, build_plan, load_schema
-from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm, record_failed_jobs
+from tiny_llm.pipeline.controller import (
+    closing_lines_on_error,
+    interrupt_on_sigterm,
+    record_failed_jobs,
+    unbuilt_line,
+)
 from tiny_llm.pipeline.schema import refuse_templates
 
 min_version("9.0")
@@ -139,6 +144,9 @@ onstart:
 
 
 onsuccess:
+    # exit 0 means built: a run that left a target's file unbuilt says so and fails (rules/common.smk)
+    if unbuilt := unbuilt_targets():
+        sys.exit(f"\n{unbuilt_line(unbuilt)}")
     if PLAN.where_to_look():
         print("\nResults (the full table is in README.md, 'What the demo does'):")
         print("\n".join(PLAN.where_to_look()))

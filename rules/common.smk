@@ -26,7 +26,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.io import read_json
 from tiny_llm.pipeline import write_plan_file
-from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock
+from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock, unbuilt_files
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
     ANALYSIS_JOB,
@@ -145,6 +145,16 @@ def one_controller(execute):
 
 
 workflow.execute = one_controller(workflow.execute)
+
+
+def unbuilt_targets() -> list[str]:
+    """Files this run's DAG should hold by now and does not (Snakemake can skip a job after a rerun-incomplete
+    one: see the header). A run limited by --until, --omit-from or --allowed-rules builds part of it on
+    purpose, and --touch builds nothing."""
+    settings = workflow.dag_settings
+    if settings.until or settings.omit_from or settings.allowed_rules or workflow.touch:
+        return []
+    return unbuilt_files(workflow.dag.jobs)
 
 
 # ----------------------------------------------------------------------------- data

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from tiny_llm.io import acquire_lock
 
@@ -148,3 +151,24 @@ def error_line(log: Path) -> str:
     lines = [line for line in lines if line]
     errors = [line for line in lines if line.startswith("error:")]
     return (errors or lines or [""])[-1]
+
+
+def unbuilt_files(jobs: Iterable[Any]) -> list[str]:
+    """The files a finished run's DAG should have built and did not: every job's outputs, and the inputs of
+    target rules (which have no outputs of their own). ``jobs``: Snakemake's jobs (``.output``, ``.input``,
+    ``.is_norun``), duck-typed so that this module needs no Snakemake."""
+    missing: dict[str, None] = {}
+    for job in jobs:
+        for path in job.input if job.is_norun else job.output:
+            if not os.path.exists(str(path)):
+                missing[str(path)] = None
+    return sorted(missing)
+
+
+def unbuilt_line(missing: list[str]) -> str:
+    """What a controller that ran without error says when files its targets need are still missing."""
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return (
+        f"error: the run ended without building {missing[0]}{more}, which the requested targets need; rerun "
+        "the same command to build them (`snakemake -n` with the same options lists what is left)"
+    )
