@@ -90,51 +90,61 @@ rule all:
     default_target: True
     input:
         [PLAN.default_targets(stage) for stage in STAGES],
+        PLAN.stamps(),
 
 
 rule data:
     input:
         PLAN.targets("data"),
+        PLAN.stamps("data"),
 
 
 rule runs:
     input:
         PLAN.targets("runs"),
+        PLAN.stamps("runs"),
 
 
 rule tuning:
     input:
         PLAN.targets("tuning"),
+        PLAN.stamps("tuning"),
 
 
 rule campaign:
     input:
         PLAN.targets("campaign"),
+        PLAN.stamps("campaign"),
 
 
 rule packed:
     input:
         PLAN.targets("packed"),
+        PLAN.stamps("packed"),
 
 
 rule export:
     input:
         PLAN.targets("export"),
+        PLAN.stamps("export"),
 
 
 rule analysis:
     input:
         PLAN.targets("analysis"),
+        PLAN.stamps("analysis"),
 
 
 rule horizons:
     input:
         PLAN.targets("horizons"),
+        PLAN.stamps("horizons"),
 
 
 rule throughput:
     input:
         PLAN.targets("throughput"),
+        PLAN.stamps("throughput"),
 
 
 onstart:

@@ -26,6 +26,7 @@ from snakemake_interface_executor_plugins.settings import ExecMode
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.io import read_json
 from tiny_llm.pipeline import write_plan_file
+from tiny_llm.pipeline.files import write_stamp
 from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock, unbuilt_files
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
@@ -56,6 +57,7 @@ from tiny_llm.pipeline.layout import (
     PACKED_RECIPE,
     PACKED_REPORT,
     PACKED_RESULT,
+    PLAN_STAMP,
     RUN_EVALUATION,
     RUN_RECIPE,
     RUN_RESULT,
@@ -83,6 +85,14 @@ wildcard_constraints:
 
 def plan_file_content(wildcards) -> dict:
     return PLAN.files.content(wildcards.plan_file)
+
+
+def plan_file_stamp(wildcards) -> str:
+    return PLAN.files.stamp(wildcards.plan_file)
+
+
+def stamped_plan_file(wildcards) -> str:
+    return PLAN.files.stamped(wildcards.plan_stamp)
 
 
 def plan_file_digests(wildcards, input) -> str:

@@ -54,7 +54,7 @@ class CampaignPlan:
         self.size_recipes: dict[str, RecipeConfig] = {}
         if self.config is None:
             return
-        files.add(self.settings_file, campaign_lib.settings_dict(self.config))
+        files.add(self.settings_file, campaign_lib.settings_dict(self.config), stage="campaign")
         for size in self.config.sizes:
             self.size_recipes[size] = recipe_from_dict(campaign_lib.build_template(self.config, size))
         self.check_tuning()

@@ -37,7 +37,7 @@ class DataPlan:
         if self.book.sizes:
             first = next(iter(self.book.sizes))
             recipe = self.book.recipe(first, {"data": {"prepare_train_tokens": max(needs)}})
-            self.files.add(PREPARE_RECIPE, recipe_to_dict(recipe))
+            self.files.add(PREPARE_RECIPE, recipe_to_dict(recipe), stage="data")
 
     def cache_tokens_needed(self) -> list[int]:
         return [make_budget(self.book.size_recipe(size)).cache_tokens_needed for size in self.book.sizes]

@@ -37,7 +37,7 @@ class ExportPlan:
                 f"{taken[0]}; rename the run or set export.runs or export.campaign to false"
             )
         sampling = sampling_from_dict(dict(section["sampling"]), "export.sampling")
-        files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()})
+        files.add(EXPORT_PROMPTS, {"prompts": list(section["prompts"]), **sampling.as_dict()}, stage="export")
 
     @staticmethod
     def best_rankings(campaign: CampaignPlan) -> dict[str, str]:

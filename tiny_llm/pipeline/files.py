@@ -1,9 +1,13 @@
 """Files whose content the plan decides (recipes, tuning profiles, campaign settings), and their digests.
 
-A rule writes each one, only when its content changes (the content is that rule's param); the jobs that read
-it take it as a plain input, so the call that rewrites a file also reruns them. The plan never reads these
-files back: their content is what the workflow config says now (docs/architecture.md, "Results of earlier
-versions").
+A rule writes each one, only when its content changes; the jobs that read it take it as a plain input, so the
+call that rewrites a file also reruns them. What says the content changed is a stamp whose path carries the
+content's digest (``PlanFiles.stamp``), an input of the named targets: a new digest is a missing stamp, and
+the job that makes it writes the file too, so that its readers, now older than the file, run again. That
+holds under every rerun trigger and without Snakemake's records in .snakemake/ (which the writer's params
+trigger alone needed); Snakemake never reruns a job for a missing input of a job whose outputs exist, which is
+why the stamps are the targets' inputs and not the readers'. The plan never reads these files back: their
+content is what the workflow config says now (docs/architecture.md, "Results of earlier versions").
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import yaml
 
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import atomic_write_json, atomic_write_yaml, canonical_json
+from tiny_llm.pipeline.layout import PLAN_STAMP, fill
 
 PLAN_FILES_ENV = "TINY_LLM_PLAN_FILES"
 """A job's plan files and their digests (JSON: path -> digest), which `python -m tiny_llm` checks first."""
@@ -31,10 +36,12 @@ def content_digest(content: Mapping[str, Any]) -> str:
 class PlanFiles:
     def __init__(self) -> None:
         self._content: dict[str, dict[str, Any]] = {}
+        self._stage: dict[str, str] = {}
 
-    def add(self, path: str, content: Mapping[str, Any]) -> str:
-        """Plan ``path`` with ``content``."""
+    def add(self, path: str, content: Mapping[str, Any], *, stage: str) -> str:
+        """Plan ``path`` with ``content``; ``stage``: the workflow stage whose jobs read it."""
         self._content[path] = dict(content)
+        self._stage[path] = stage
         return path
 
     def __contains__(self, path: str) -> bool:
@@ -57,6 +64,40 @@ class PlanFiles:
     def pattern(self) -> str:
         """A wildcard constraint matching exactly these paths (there is always one: the export prompts)."""
         return "|".join(re.escape(path) for path in sorted(self._content))
+
+    def stamp(self, path: str) -> str:
+        """The stamp of ``path``'s planned content: a path that changes exactly when the content does."""
+        return fill(PLAN_STAMP, plan_stamp=f"{_path_key(path)}-{self.digest(path)}")
+
+    def stamp_pattern(self) -> str:
+        """A wildcard constraint matching the names (PLAN_STAMP's plan_stamp) of exactly today's stamps."""
+        return "|".join(re.escape(self.stamp(path).rsplit("/", 1)[1]) for path in sorted(self._content))
+
+    def stamps(self, stages: Iterable[str]) -> list[str]:
+        """The stamps of the files the jobs of ``stages`` read."""
+        wanted = set(stages)
+        return [self.stamp(path) for path in sorted(self._content) if self._stage[path] in wanted]
+
+    def stamped(self, stamp: str) -> str:
+        """The plan file whose stamp ``stamp`` is."""
+        name = Path(stamp).name
+        return next(path for path in sorted(self._content) if self.stamp(path).endswith(f"/{name}"))
+
+
+def _path_key(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+def write_stamp(stamp: str | Path) -> None:
+    """Make ``stamp`` and remove the stamps of the same file's earlier content: back at that content, the
+    file is written again (an old stamp left behind would be taken for its new one)."""
+    stamp = Path(stamp)
+    key = stamp.name.split("-", 1)[0]
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    for old in stamp.parent.glob(f"{key}-*"):
+        if old != stamp:
+            old.unlink(missing_ok=True)
+    stamp.touch()
 
 
 def write_plan_file(path: str | Path, content: Mapping[str, Any], log: str | Path | None = None) -> None:

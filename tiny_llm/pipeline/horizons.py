@@ -74,7 +74,7 @@ class HorizonsPlan:
         """A run's recipe.yaml, its output_dir the run directory (both patterns filled in with ``where``)."""
         data = recipe_to_dict(recipe)
         data["runtime"]["output_dir"] = fill(run_dir, **where)
-        files.add(fill(recipe_file, **where), data)
+        files.add(fill(recipe_file, **where), data, stage="horizons")
 
     def _check(self, recipe: RecipeConfig) -> None:
         """What the study needs of its recipe, one line each."""

@@ -17,6 +17,10 @@ CORPUS_DIR = "results/data/corpus"
 TOKENIZER_DIR = "results/data/tokenizer"
 PREPARE_RECIPE = "results/data/prepare.yaml"
 
+# ----------------------------------------------------------------------------- plan files
+PLAN_STAMP = "results/.plan/{plan_stamp}"
+"""A plan file's stamp, an empty file named ``<sha256 of its path>-<digest of its content>``."""
+
 # ----------------------------------------------------------------------------- plain runs
 RUN_DIR = "results/runs/{run}"
 RUN_RECIPE = "results/runs/{run}/recipe.yaml"

@@ -60,9 +60,11 @@ class PackedPlan:
             self.recipes[run] = recipe
             data = recipe_to_dict(recipe)
             data["runtime"]["output_dir"] = fill(PACKED_RUN_DIR, packed_run=run)
-            files.add(fill(PACKED_RECIPE, packed_run=run), data)
+            files.add(fill(PACKED_RECIPE, packed_run=run), data, stage="packed")
         for n, mode in self.bench_points():
-            files.add(fill(PACKED_BENCH_RECIPE, n=n, mode=mode), self.bench_recipe(book, n, mode))
+            files.add(
+                fill(PACKED_BENCH_RECIPE, n=n, mode=mode), self.bench_recipe(book, n, mode), stage="packed"
+            )
 
     # ------------------------------------------------------------------ benchmark
 

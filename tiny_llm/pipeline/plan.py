@@ -181,6 +181,12 @@ class WorkflowPlan:
         plan = self.stage(stage)
         return plan.targets() if plan.enabled else []
 
+    def stamps(self, stage: str | None = None) -> list[str]:
+        """The plan-file stamps a named target (``stage``; None: the default target) takes: those of every
+        stage the default target runs, and ``stage``'s (rules/plan_files.smk)."""
+        stages = [name for name in STAGES if self.stage(name).enabled] + [stage] * (stage is not None)
+        return self.files.stamps(stages)
+
     def uses_gpu(self) -> bool:
         """Whether any size of this configuration trains on a GPU (the demo's do not)."""
         return any(self.book.uses_gpu(size) for size in self.config["sizes"])

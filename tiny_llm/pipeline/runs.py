@@ -29,7 +29,7 @@ class RunsPlan:
             recipe = self.recipes[run] = book.recipe(spec["size"], overrides, where=f"runs.{run}")
             data = recipe_to_dict(recipe)
             data["runtime"]["output_dir"] = fill(RUN_DIR, run=run)
-            files.add(fill(RUN_RECIPE, run=run), data)
+            files.add(fill(RUN_RECIPE, run=run), data, stage="runs")
 
     def size(self, run: str) -> str:
         if run not in self.runs:

@@ -49,7 +49,7 @@ class ThroughputPlan:
             recipe = book.recipe(size, section["overrides"], where=f"throughput.sizes.{size}")
             self.parameters[size] = parameter_count(recipe.model)
             self._check_size(size)
-            files.add(fill(THROUGHPUT_RECIPE, size=size), recipe_to_dict(recipe))
+            files.add(fill(THROUGHPUT_RECIPE, size=size), recipe_to_dict(recipe), stage="throughput")
 
     def _check_size(self, size: str) -> None:
         """Every context must make a valid one-microbatch recipe of the size (checked at parse time)."""

@@ -42,7 +42,7 @@ class TuningPlan:
                 self.slots[name] = slot_names(profile_from_dict(name, mapping))
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
-            files.add(self.profile_file(name), mapping)
+            files.add(self.profile_file(name), mapping, stage="tuning")
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:
