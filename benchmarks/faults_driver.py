@@ -55,6 +55,77 @@ def trainers(workdir: Path) -> dict[int, Path]:
     return found
 
 
+def local_jobs(workdir: Path, words: list[str]) -> list[int]:
+    """Running ``python -m tiny_llm <words> ...`` processes of this workdir (a local job of the campaign:
+    ``campaign plan``, ``campaign select``, ``report``, ``tune select`` ...), orphans included."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        command = argv[1:3] == ["-m", "tiny_llm"] and argv[3 : 3 + len(words)] == words
+        if command and Path(argv[0]).name.startswith("python") and cwd == str(workdir):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z, ...), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def wait_for_exit(pid: int) -> None:
+    """Until ``pid`` has exited (gone, or a zombie nobody reaps: an orphan's end)."""
+    while _state(pid) not in ("", "Z"):
+        time.sleep(0.02)
+
+
+def kill_controller_during(controller: subprocess.Popen, workdir: Path, words: list[str]) -> int | None:
+    """kill -9 of the controller while one of its local jobs (``local_jobs(workdir, words)``) runs, then that
+    job left to finish as an orphan. The job is paused (SIGSTOP) as soon as its process exists, so the
+    controller dies while the job has not ended whatever the machine's load; the job's pid once it has
+    exited, or None when the controller ended before such a job started."""
+    while controller.poll() is None:
+        for pid in local_jobs(workdir, words):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            if _state(pid) != "T":  # ended before it could be paused: wait for the next such job
+                continue
+            controller.kill()
+            controller.wait()
+            os.kill(pid, signal.SIGCONT)
+            wait_for_exit(pid)
+            return pid
+        time.sleep(0.01)
+    return None
+
+
+def kill_controller_during_write(controller: subprocess.Popen, workdir: Path, written: str, log: str) -> bool:
+    """kill -9 of the controller while one of its in-thread jobs (a plan file's, with no process to wait on)
+    runs: the job's ``log`` is made a FIFO, whose opening blocks the job once it has written ``written``.
+    False when the controller ended first."""
+    fifo = workdir / log
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    try:
+        while controller.poll() is None:
+            if (workdir / written).exists():
+                controller.kill()
+                controller.wait()
+                return True
+            time.sleep(0.01)
+        return False
+    finally:
+        fifo.unlink()
+
+
 def is_idle(run_dir: Path) -> bool:
     """No trainer holds the run directory's lock."""
     try:
