@@ -54,7 +54,8 @@ os.environ.update(PLAN.tracking_env)
 
 
 # One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py).
-shell.prefix(f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; ")
+COMPILE_CACHE = os.path.abspath(os.path.expanduser(config["compile_cache"]))  # ~ is the home directory
+shell.prefix(f"export TINY_LLM_COMPILE_CACHE={shlex.quote(COMPILE_CACHE)}; ")
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job

@@ -362,6 +362,58 @@ def private_directory(path: str | os.PathLike[str], *, narrow: bool = True) -> P
     return path
 
 
+def renamable_by_others(path: str | os.PathLike[str]) -> str | None:
+    """Why another user could rename what ``path`` holds, through it or a directory above it; None when only
+    this user and root can (``ssh``'s StrictModes rule, with the sticky bit honoured).
+
+    A directory someone else may write without the sticky bit lets them rename an entry away after it was
+    checked and put their own in its place; its owner can do so whatever its mode. Checked along the path as
+    written and as resolved, so a link on the way counts too. A group of this user's alone (a user private
+    group: named as the user, no other members) is not someone else."""
+    written = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    for directory in dict.fromkeys([written, *written.parents, real, *real.parents]):
+        try:
+            info = os.stat(directory)
+        except OSError as exc:
+            return f"{directory} cannot be checked ({exc.strerror})"
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (0, os.getuid()):
+            return f"{directory} belongs to another user (uid {info.st_uid}), who may rename what it holds"
+        if mode & stat.S_ISVTX:
+            continue
+        if mode & stat.S_IWOTH:
+            return f"{directory} may be written by every user and has no sticky bit (mode {mode:04o})"
+        if mode & stat.S_IWGRP and not group_is_yours_alone(info.st_gid):
+            return (
+                f"{directory} may be written by group {group_name(info.st_gid)} and has no sticky bit "
+                f"(mode {mode:04o})"
+            )
+    return None
+
+
+def group_is_yours_alone(gid: int) -> bool:
+    """Whether group ``gid`` is this user's private group: the primary group, named as the user, with no
+    other members listed (the user-private-group convention of Debian, Ubuntu and Red Hat)."""
+    import grp
+    import pwd
+
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return f"'{grp.getgrgid(gid).gr_name}'"
+    except KeyError:
+        return str(gid)
+
+
 def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
     """An fd to flock the lock file ``path`` with (created if missing), never through a symbolic link (OSError
     ELOOP) and never on anything but a regular file (OSError EINVAL): read-write, else read-only where
