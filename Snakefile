@@ -11,7 +11,7 @@ from snakemake.utils import min_version
 from tiny_llm.errors import TinyLLMError
 from tiny_llm.pipeline import STAGES, build_plan, load_schema
 from tiny_llm.pipeline.controller import closing_lines_on_error, interrupt_on_sigterm, record_failed_jobs
-from tiny_llm.pipeline.schema import refuse_templates
+from tiny_llm.pipeline.schema import refuse_long_integers, refuse_templates
 
 min_version("9.0")
 
@@ -19,6 +19,10 @@ min_version("9.0")
 # The demo config only when no --configfile is given: a --configfile replaces it. Snakemake does not pass
 # --replace-workflow-config on to cluster jobs, so merging would give every Slurm job a different config.
 if not workflow.overwrite_configfiles:
+    try:
+        refuse_long_integers("workflow_config.yaml")  # Snakemake's own reading would end in a traceback
+    except TinyLLMError as exc:
+        sys.exit(f"error: {exc}")
 
     configfile: "workflow_config.yaml"
 
