@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -60,7 +61,7 @@ class DataConfig:
     """Corpus, tokenizer and token cache."""
 
     cache_dir: str = "data/cache"
-    """Token cache directory (immutable once complete)."""
+    """Token cache directory (immutable once complete; a leading ~ is the home directory)."""
     dataset: str = "allenai/c4"
     """'allenai/c4' (streamed from the hub) or a local directory in C4's en/ layout."""
     dataset_revision: str | None = C4_REVISION
@@ -91,6 +92,9 @@ class DataConfig:
     """Train tokens to cache; null = what the training budget needs (+1)."""
     prepare_validation_tokens: int | None = None
     """Truncate validation to this many tokens; null = all of it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))  # ~ as in a shell
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +223,10 @@ class RuntimeConfig:
     """Data-parallel ranks of one model (`torchrun --nproc-per-node num_gpus`; on the CPU, gloo processes):
     each takes its share of every update's microbatches; batch, budget and data order stay one process's."""
     output_dir: str = "runs/default"
-    """Run directory."""
+    """Run directory (a leading ~ is the home directory)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_dir", os.path.expanduser(self.output_dir))  # never a ./~/ tree
 
 
 @dataclass(frozen=True, kw_only=True)
