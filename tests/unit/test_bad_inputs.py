@@ -3,6 +3,8 @@ local corpus, corpus shards that are not UTF-8 or empty, a templated config YAML
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ from pipeline_helpers import plan_of, tiny
 
 from tiny_llm.config import load_recipe
 from tiny_llm.data.corpus import demo_documents, split_documents, write_c4_dir
-from tiny_llm.errors import ConfigError
+from tiny_llm.data.sources import resolve_source
+from tiny_llm.errors import ConfigError, DataError
 
 # ------------------------------------------------------------------ ~ is the home directory
 
@@ -45,4 +48,45 @@ def test_a_missing_local_corpus_is_a_corpus_problem_not_a_tokenizer_one(tmp_path
     assert str(err.value) == (
         f"data.corpus: directory {missing} not found (a local corpus is a directory in C4's layout; a hub "
         "corpus is named owner/name); fix the path"
+    )
+
+
+# ------------------------------------------------------------------ corpus shards
+
+
+def corpus_with_train_shard(root: Path, content: bytes | None) -> tuple[Path, Path]:
+    """A C4-format corpus whose train shard holds ``content`` gzipped (None: a file of zero bytes)."""
+    train, validation = split_documents(demo_documents(20_000), 0.1)
+    write_c4_dir(root, train, validation)
+    shard = next(root.glob("c4-train.*.json.gz"))
+    if content is None:
+        shard.write_bytes(b"")
+    else:
+        with gzip.open(shard, "wb") as handle:
+            handle.write(content)
+    return root, shard
+
+
+def train_split_error(corpus: Path) -> str:
+    with pytest.raises(DataError) as err:
+        for _ in resolve_source(str(corpus), None).iter_texts("train", 16):
+            pass
+    return str(err.value)
+
+
+def test_a_latin1_train_shard_is_named_as_not_utf8_not_as_corrupt_gzip(tmp_path: Path) -> None:
+    good = json.dumps({"text": "Tea time"}) + "\n"
+    latin = (json.dumps({"text": "Caf\u00e9 au lait"}, ensure_ascii=False) + "\n").encode("latin-1")
+    corpus, shard = corpus_with_train_shard(tmp_path / "c4", good.encode() + latin)
+    assert train_split_error(corpus) == (
+        f"{shard}: line 2 is not UTF-8 text (byte 0xe9 at column 14); C4 JSON lines are UTF-8: convert the "
+        "file (iconv -f latin1 -t utf-8, say) and compress it again"
+    )
+
+
+@pytest.mark.parametrize("content", [b"", None], ids=["empty-gzip", "zero-bytes"])
+def test_an_empty_train_shard_is_named(tmp_path: Path, content: bytes | None) -> None:
+    corpus, shard = corpus_with_train_shard(tmp_path / "c4", content)
+    assert train_split_error(corpus) == (
+        f"{shard}: holds no documents (an empty file); remove it, or write its documents into it"
     )
