@@ -90,3 +90,31 @@ def test_an_empty_train_shard_is_named(tmp_path: Path, content: bytes | None) ->
     assert train_split_error(corpus) == (
         f"{shard}: holds no documents (an empty file); remove it, or write its documents into it"
     )
+
+
+# ------------------------------------------------------------------ templates
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "sizes: {}\n",
+        "?if False:\n  sizes: !!python/tuple [1, 2]\n?else:\n  sizes: {}\n",  # safe_load cannot read the tag
+        "?if False:\n  runs: !!python/object/apply:os.system ['true']\n",
+    ],
+    ids=["plain", "python-tuple-under-a-false-if", "python-object"],
+)
+def test_a_template_is_refused_whatever_tags_it_holds(tmp_path: Path, body: str) -> None:
+    from tiny_llm.pipeline.schema import refuse_templates
+
+    config = tmp_path / "templated.yaml"
+    config.write_text("__use_yte__: true\n" + body, encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        refuse_templates([config])
+    assert str(err.value) == (
+        f"{config}: __use_yte__ (Snakemake's YAML templates, which run Python) is not allowed in a workflow "
+        "config; remove the key and write the values out"
+    )
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("sizes: {}\nnote: __use_yte__\n", encoding="utf-8")
+    refuse_templates([plain])  # the text alone, as a value, is no template

@@ -36,14 +36,17 @@ def refuse_templates(config_files: Iterable[str | Path]) -> None:
     """Refuse a workflow config that asks for Snakemake's YAML templates (``__use_yte__: true``).
 
     Snakemake evaluates such a file's Python expressions when it reads it, and drops the key before the
-    schema sees the config: so look at the files themselves. This stops the run; the code already ran.
+    schema sees the config: so look at the files themselves. This stops the run; the code already ran. The
+    file is composed, not constructed: a tag that only a template's loader takes (``!!python/tuple``) hides
+    nothing.
     """
     for path in config_files:
         try:
-            document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue  # not a plain YAML file: Snakemake itself said what is wrong with it
-        if isinstance(document, dict) and "__use_yte__" in document:
+            document = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not YAML at all: Snakemake itself said what is wrong with it
+        keys = document.value if isinstance(document, yaml.MappingNode) else []
+        if any(isinstance(key, yaml.ScalarNode) and key.value == "__use_yte__" for key, _ in keys):
             raise ConfigError(
                 f"{path}: __use_yte__ (Snakemake's YAML templates, which run Python) is not allowed in a "
                 "workflow config; remove the key and write the values out"
