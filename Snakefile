@@ -143,7 +143,9 @@ onsuccess:
         print("\nResults (the full table is in README.md, 'What the demo does'):")
         print("\n".join(PLAN.where_to_look()))
         print("HTML report with every table and plot: snakemake --report report.html")
+    if PLAN.throughput.unmeasured_lines():  # a failed point is a result, not a failed job: say so here
+        print("\n" + "\n".join(PLAN.throughput.unmeasured_lines()))
 
 
 onerror:
-    print("\n" + "\n".join(closing_lines_on_error(log)))
+    print("\n" + "\n".join(closing_lines_on_error(log) + PLAN.throughput.unmeasured_lines()))
