@@ -323,7 +323,13 @@ def read_config_source(source: str) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
         if not path.is_file():
             raise ConfigError(f"config file not found: {source}")
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            byte = exc.object[exc.start]
+            raise ConfigError(
+                f"{source}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start}); save it as UTF-8"
+            ) from None
     else:
         preset = resources.files("tiny_llm") / "presets" / f"{source}.yaml"
         if not preset.is_file():

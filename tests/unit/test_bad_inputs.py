@@ -118,3 +118,11 @@ def test_a_template_is_refused_whatever_tags_it_holds(tmp_path: Path, body: str)
     plain = tmp_path / "plain.yaml"
     plain.write_text("sizes: {}\nnote: __use_yte__\n", encoding="utf-8")
     refuse_templates([plain])  # the text alone, as a value, is no template
+
+
+def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes("data: {cache_dir: caf\u00e9}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load_recipe(["tiny", str(path)])
+    assert str(err.value) == f"{path}: not UTF-8 text (byte 0xe9 at offset 21); save it as UTF-8"
