@@ -126,3 +126,54 @@ def test_a_recipe_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_recipe(["tiny", str(path)])
     assert str(err.value) == f"{path}: not UTF-8 text (byte 0xe9 at offset 21); save it as UTF-8"
+
+
+# ------------------------------------------------------------------ the table of bad inputs
+
+
+def bad_inputs_script():
+    import importlib.util
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    if str(benchmarks) not in sys.path:
+        sys.path.insert(0, str(benchmarks))
+    spec = importlib.util.spec_from_file_location("bad_inputs_benchmark", benchmarks / "bad_inputs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_rows(script) -> dict[str, list[str]]:
+    """The bad-input table of benchmarks/README.md: input -> its cells."""
+    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    section = text[text.index(script.BEGIN) : text.index(script.END)]
+    rows = [
+        line.strip("|").split(" | ")
+        for line in section.splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    return {cells[1].strip(): [c.strip() for c in cells] for cells in rows[1:]}
+
+
+def test_the_table_holds_at_least_45_handled_inputs_each_as_the_script_ran_it() -> None:
+    script = bad_inputs_script()
+    rows = table_rows(script)
+    assert len(rows) >= 45 and len(rows) == len(script.CASES)
+    assert {case.what for case in script.CASES} == set(rows)
+    for what, cells in rows.items():
+        assert "traceback" not in cells[3].lower() and (
+            cells[2] != "0" or cells[3].startswith("(accepted")
+        ), what
+
+
+@pytest.mark.parametrize("name", ["batch-tokens-1e30", "set-5000-digits", "recipe-latin1"])
+def test_a_row_of_the_table_is_what_its_case_prints_today(tmp_path: Path, name: str) -> None:
+    script = bad_inputs_script()
+    case = next(c for c in script.CASES if c.name == name)
+    result = script.run_case(case, tmp_path, tmp_path / "unused")
+    assert result["handled"]
+    printed = script.table([result], tmp_path).splitlines()[-1].split(" | ", 3)[3].rstrip(" |")
+    assert table_rows(script)[case.what][3] == printed
