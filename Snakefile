@@ -16,7 +16,7 @@ from tiny_llm.pipeline.controller import (
     record_failed_jobs,
     unbuilt_line,
 )
-from tiny_llm.pipeline.schema import refuse_templates
+from tiny_llm.pipeline.schema import refuse_long_integers, refuse_templates
 
 min_version("9.0")
 
@@ -24,6 +24,10 @@ min_version("9.0")
 # The demo config only when no --configfile is given: a --configfile replaces it. Snakemake does not pass
 # --replace-workflow-config on to cluster jobs, so merging would give every Slurm job a different config.
 if not workflow.overwrite_configfiles:
+    try:
+        refuse_long_integers("workflow_config.yaml")  # Snakemake's own reading would end in a traceback
+    except TinyLLMError as exc:
+        sys.exit(f"error: {exc}")
 
     configfile: "workflow_config.yaml"
 
@@ -61,10 +65,8 @@ os.environ.update(PLAN.tracking_env)
 # One compile cache for every job (the library checks it is private; tiny_llm/runtime/compile_cache.py). A
 # prefix replaces Snakemake's own `set -euo pipefail; `, which stays first: a failing command before a pipe
 # (`campaign plan ... | tee`) then fails its job instead of passing as tee's exit status.
-shell.prefix(
-    "set -euo pipefail; "
-    f"export TINY_LLM_COMPILE_CACHE={shlex.quote(os.path.abspath(config['compile_cache']))}; "
-)
+COMPILE_CACHE = os.path.abspath(os.path.expanduser(config["compile_cache"]))  # ~ is the home directory
+shell.prefix(f"set -euo pipefail; export TINY_LLM_COMPILE_CACHE={shlex.quote(COMPILE_CACHE)}; ")
 
 
 # A local run of a GPU configuration gets one GPU at a time unless `--resources gpu=N` says how many (each job
@@ -161,7 +163,9 @@ onsuccess:
         print("\nResults (the full table is in README.md, 'What the demo does'):")
         print("\n".join(PLAN.where_to_look()))
         print("HTML report with every table and plot: snakemake --report report.html")
+    if PLAN.throughput.unmeasured_lines():  # a failed point is a result, not a failed job: say so here
+        print("\n" + "\n".join(PLAN.throughput.unmeasured_lines()))
 
 
 onerror:
-    print("\n" + "\n".join(closing_lines_on_error(log)))
+    print("\n" + "\n".join(closing_lines_on_error(log) + PLAN.throughput.unmeasured_lines()))

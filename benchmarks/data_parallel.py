@@ -3,6 +3,9 @@ accumulation (two threads, and one), same recipe, same cores. Prints one JSON do
 seconds, tokens/s and wall time, the time ratio, and the largest loss difference over every train row.
 
     python benchmarks/data_parallel.py --workdir /tmp/dp-bench [--preset tiny] [--set KEY=VALUE ...]
+
+--workdir is new, empty or one this benchmark made (it carries tiny-llm's output marker); its runs' results
+and states are replaced on every call, so a folder of anyone else's is refused in one line.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from snakemake_driver import claim_workdir
 
 from tiny_llm.config import load_recipe
 from tiny_llm.data.corpus import demo_documents, split_documents, write_c4_dir
@@ -67,7 +72,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.workdir = claim_workdir(args.workdir)  # a folder of someone else's is refused, nothing in it touched
     common = [*build_data(args.workdir, args.preset), "model.vocab_size=512", "runtime.deterministic=true"]
     common += args.sets
     report: dict = {"preset": args.preset, "sets": args.sets}

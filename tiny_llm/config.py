@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,7 +22,7 @@ import yaml
 
 from tiny_llm.budget import budget_problems, make_budget, packed_epoch_problems, parameter_count
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import canonical_json
+from tiny_llm.io import LongIntegerError, canonical_json, parse_yaml
 from tiny_llm.typed import build
 
 C4_REVISION = "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
@@ -60,7 +61,7 @@ class DataConfig:
     """Corpus, tokenizer and token cache."""
 
     cache_dir: str = "data/cache"
-    """Token cache directory (immutable once complete)."""
+    """Token cache directory (immutable once complete; a leading ~ is the home directory)."""
     dataset: str = "allenai/c4"
     """'allenai/c4' (streamed from the hub) or a local directory in C4's en/ layout."""
     dataset_revision: str | None = C4_REVISION
@@ -77,9 +78,9 @@ class DataConfig:
     """Tokens per full cache shard."""
     tokenize_batch_size: int = 256
     """Documents per tokenizer batch call."""
-    prepare_workers: int = field(default=1, metadata={"late": True})
+    prepare_workers: int = field(default=1, metadata={"late": True, "maximum": 256})
     """Processes that tokenize for `prepare`, feeding one writer in order (the cache's bytes do not depend
-    on it); 1 = tokenize in the preparing process."""
+    on it); 1 = tokenize in the preparing process; at most 256 (each one a process with a tokenizer)."""
     buffer_size_mib: int = 64
     """Size of one contiguous loader read (and prefetch unit)."""
     prefetch: bool = True
@@ -91,6 +92,9 @@ class DataConfig:
     """Train tokens to cache; null = what the training budget needs (+1)."""
     prepare_validation_tokens: int | None = None
     """Truncate validation to this many tokens; null = all of it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))  # ~ as in a shell
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,8 +157,8 @@ class TrainingConfig:
     """Training targets = this x parameters of one model."""
     epoch_tokens_per_parameter: float = 0.5
     """Targets per virtual epoch = this x parameters."""
-    batch_tokens: int = 131_072
-    """Targets per optimizer update."""
+    batch_tokens: int = field(default=131_072, metadata={"maximum": 2**30})
+    """Targets per optimizer update; at most 2**30 (1,073,741,824)."""
     micro_batch_size: int = 128
     """Sequences per forward/backward microbatch."""
     checkpoint_policy: Literal["final", "none", "interval", "all"] = "final"
@@ -211,14 +215,18 @@ class RuntimeConfig:
     eager updates and replay it; CUDA only, with the fused optimizer; short epoch-end updates run eagerly."""
     cpu_threads: int | None = 8
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
-    memory_limit_mb: int | None = field(default=None, metadata={"late": True})
+    memory_limit_mb: int | None = field(default=None, metadata={"late": True, "maximum": 2**24})
     """benchmark-worker only: MiB the measurement may allocate (CPU: beyond what the set-up process holds;
-    CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap."""
+    CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap; at most 2**24 (16 TiB,
+    more than any machine holds)."""
     num_gpus: int = 1
     """Data-parallel ranks of one model (`torchrun --nproc-per-node num_gpus`; on the CPU, gloo processes):
     each takes its share of every update's microbatches; batch, budget and data order stay one process's."""
     output_dir: str = "runs/default"
-    """Run directory."""
+    """Run directory (a leading ~ is the home directory)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_dir", os.path.expanduser(self.output_dir))  # never a ./~/ tree
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,7 +323,13 @@ def read_config_source(source: str) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in source:
         if not path.is_file():
             raise ConfigError(f"config file not found: {source}")
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            byte = exc.object[exc.start]
+            raise ConfigError(
+                f"{source}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start}); save it as UTF-8"
+            ) from None
     else:
         preset = resources.files("tiny_llm") / "presets" / f"{source}.yaml"
         if not preset.is_file():
@@ -324,7 +338,7 @@ def read_config_source(source: str) -> dict[str, Any]:
             )
         text = preset.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is None:
@@ -352,7 +366,9 @@ def parse_set(assignment: str) -> dict[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set expects dotted.key=value, got '{assignment}'")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
+    except LongIntegerError:
+        raise ConfigError(f"--set {key}: more digits than any setting takes; check the value") from None
     except yaml.YAMLError:
         value = raw
     nested: Any = value

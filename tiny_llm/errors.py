@@ -1,5 +1,7 @@
 """User-facing errors: one line saying what is wrong and what to do."""
 
+import re
+
 
 class TinyLLMError(Exception):
     """An error caused by input a user can fix; the CLI prints it as one line, no traceback."""
@@ -38,3 +40,23 @@ REBUILD_TUNING = (
 REBUILD_CAMPAIGN = (
     "delete it and rerun the same command: `tiny-llm campaign plan` or `select` writes it again"
 )
+
+
+# How an out-of-memory reads when it does not come from the CUDA caching allocator (torch.OutOfMemoryError):
+# a CUDA call failing ("CUDA error: out of memory"), cuBLAS or cuDNN workspace ("CUBLAS_STATUS_ALLOC_FAILED"),
+# Triton loading a compiled module ("Triton Error [CUDA]: out of memory", "CUDA_ERROR_OUT_OF_MEMORY").
+_OUT_OF_MEMORY = re.compile(r"out[ _]of[ _]memory|_STATUS_ALLOC_FAILED", re.IGNORECASE)
+
+
+def out_of_memory_line(exc: BaseException) -> str | None:
+    """The first line, in ``exc`` or the exceptions it wraps (a compiler's error around a kernel's), that
+    says the device ran out of memory; None when none does."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for line in str(current).splitlines():
+            if _OUT_OF_MEMORY.search(line):
+                return line.strip()
+        current = current.__cause__ or current.__context__
+    return None

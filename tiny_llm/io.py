@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -281,12 +282,73 @@ def damaged_message(path: str | os.PathLike[str], reason: str, rebuild: str | No
     return f"{path} is damaged ({reason[:160]}); {rebuild or REBUILD_HINT}"
 
 
+# Python reads no integer of more digits than this (a guard against slow parsing); a longer one in a YAML or
+# JSON file is a ValueError that names nothing: parse_yaml and parse_json name where it is.
+_LONG_INTEGER = re.compile(rf"[-+]?[0-9][0-9_]{{{sys.get_int_max_str_digits() or 10**9},}}")
+
+
+def _is_integer_limit(exc: ValueError) -> bool:
+    return "integer string conversion" in str(exc)
+
+
+class LongIntegerError(yaml.YAMLError):
+    """A YAML document holding an integer longer than Python reads (its message names the key and line)."""
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``; an integer too long for Python to read is a LongIntegerError naming its
+    key and line (read from the document's nodes, which hold the digits as text), not a bare ValueError."""
+    try:
+        return yaml.safe_load(text)
+    except ValueError as exc:
+        if not _is_integer_limit(exc):
+            raise
+        key, line = _long_integer_node(yaml.compose(text), "")
+        raise LongIntegerError(
+            f"{key or '(top level)'}: an integer of more than {sys.get_int_max_str_digits():,} digits "
+            f"(line {line}); no setting takes one"
+        ) from None
+
+
+def _long_integer_node(node: Any, key: str) -> tuple[str, int]:
+    """The dotted key and line of the first scalar spelling an integer longer than Python reads."""
+    if isinstance(node, yaml.ScalarNode) and _LONG_INTEGER.fullmatch(node.value or ""):
+        return key, node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        children = [(f"{key}.{k.value}" if key else str(k.value), v) for k, v in node.value]
+    elif isinstance(node, yaml.SequenceNode):
+        children = [(f"{key}[{i}]", v) for i, v in enumerate(node.value)]
+    else:
+        return "", 0
+    for child_key, child in children:
+        found = _long_integer_node(child, child_key)
+        if found[1]:
+            return found
+    return "", 0
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``; an integer too long for Python to read is a ``json.JSONDecodeError`` at its
+    place, not a bare ValueError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        if not _is_integer_limit(exc):
+            raise
+        found = _LONG_INTEGER.search(text)
+        where = found.start() if found else 0
+        limit = sys.get_int_max_str_digits()
+        raise json.JSONDecodeError(f"an integer of more than {limit:,} digits", text, where) from None
+
+
 def read_json(path: str | os.PathLike[str], rebuild: str | None = None) -> Any:
     """Parse a JSON file; a damaged one (torn, altered, not JSON) raises DamagedFileError naming it and
     ``rebuild``, the way to make it again (default: delete it and rerun the command that wrote it)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return parse_json(handle.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DamagedFileError(damaged_message(path, f"not valid JSON: {exc}", rebuild)) from None
 
@@ -305,7 +367,7 @@ def read_yaml(path: str | os.PathLike[str], rebuild: str | None = None) -> Any:
     """Parse a YAML file; a damaged one raises DamagedFileError like read_json."""
     text = Path(path).read_bytes()
     try:
-        return yaml.safe_load(text.decode("utf-8"))
+        return parse_yaml(text.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -360,6 +422,58 @@ def private_directory(path: str | os.PathLike[str], *, narrow: bool = True) -> P
     finally:
         os.close(fd)
     return path
+
+
+def renamable_by_others(path: str | os.PathLike[str]) -> str | None:
+    """Why another user could rename what ``path`` holds, through it or a directory above it; None when only
+    this user and root can (``ssh``'s StrictModes rule, with the sticky bit honoured).
+
+    A directory someone else may write without the sticky bit lets them rename an entry away after it was
+    checked and put their own in its place; its owner can do so whatever its mode. Checked along the path as
+    written and as resolved, so a link on the way counts too. A group of this user's alone (a user private
+    group: named as the user, no other members) is not someone else."""
+    written = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(path))
+    for directory in dict.fromkeys([written, *written.parents, real, *real.parents]):
+        try:
+            info = os.stat(directory)
+        except OSError as exc:
+            return f"{directory} cannot be checked ({exc.strerror})"
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (0, os.getuid()):
+            return f"{directory} belongs to another user (uid {info.st_uid}), who may rename what it holds"
+        if mode & stat.S_ISVTX:
+            continue
+        if mode & stat.S_IWOTH:
+            return f"{directory} may be written by every user and has no sticky bit (mode {mode:04o})"
+        if mode & stat.S_IWGRP and not group_is_yours_alone(info.st_gid):
+            return (
+                f"{directory} may be written by group {group_name(info.st_gid)} and has no sticky bit "
+                f"(mode {mode:04o})"
+            )
+    return None
+
+
+def group_is_yours_alone(gid: int) -> bool:
+    """Whether group ``gid`` is this user's private group: the primary group, named as the user, with no
+    other members listed (the user-private-group convention of Debian, Ubuntu and Red Hat)."""
+    import grp
+    import pwd
+
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return f"'{grp.getgrgid(gid).gr_name}'"
+    except KeyError:
+        return str(gid)
 
 
 def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:

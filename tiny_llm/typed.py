@@ -2,9 +2,10 @@
 
 A mapping becomes a dataclass by its fields' type hints. Every problem is collected as one line naming its
 dotted key: an unknown key (with the closest name), a value that is not one of a ``Literal``'s choices, a
-bool where a number is wanted, a non-finite number, an empty string. Numbers written as text (YAML 1.1 reads
-``1e-3`` as a string) are read as numbers. Value ranges stay with each config: a ``__post_init__`` that
-raises ConfigError is one more problem of its section.
+bool where a number is wanted, a non-finite number, an integer of 2**63 or more (nothing here counts that
+far: a typo), an empty string. Numbers written as text (YAML 1.1 reads ``1e-3`` as a string) are read as
+numbers. Value ranges stay with each config: an upper bound as the field's ``metadata={"maximum": N}``, and
+a ``__post_init__`` that raises ConfigError is one more problem of its section.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable
@@ -46,8 +48,16 @@ def build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         if key not in names:
             problems.append(f"{prefix}{key}: unknown key{did_you_mean(str(key), names)}")
     problems.extend(f"{prefix}{f.name}: required" for f in fields if f.name not in data and _required(f))
-    given = [name for name in data if name in names]
-    kwargs = {name: convert(hints[name], data[name], f"{prefix}{name}", problems) for name in given}
+    maxima = {f.name: f.metadata["maximum"] for f in fields if "maximum" in f.metadata}
+    kwargs = {}
+    for name in (name for name in data if name in names):
+        key, value = f"{prefix}{name}", data[name]
+        if name in maxima and above(value, maxima[name]):
+            problems.append(
+                f"{key}: must be at most {maxima[name]:,}, got {show_number(number_from_text(value))}"
+            )
+        else:
+            kwargs[name] = convert(hints[name], value, key, problems)
     if len(problems) > before:
         return None
     try:
@@ -55,6 +65,19 @@ def build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
     except ConfigError as exc:  # the section's own value checks
         problems.append(f"{where}: {exc}")
         return None
+
+
+def above(value: Any, maximum: float) -> bool:
+    """Whether ``value`` is a number (or a number written as text) greater than ``maximum``."""
+    value = number_from_text(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > maximum
+
+
+def show_number(value: float) -> str:
+    """A number as an error message shows it: a huge integer by its size, not its thousands of digits."""
+    if isinstance(value, int) and abs(value) >= 10**15:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def _required(field: dataclasses.Field) -> bool:
@@ -128,8 +151,14 @@ def _convert_scalar(hint: Any, value: Any, key: str, problems: list[str]) -> Any
     if hint in (int, float):
         value = number_from_text(value)
     if hint is int and isinstance(value, float) and value.is_integer() and math.isfinite(value):
-        return int(value)
+        value = int(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INTEGER:
+        problems.append(f"{key}: must be below 2**63 in size, got {show_number(value)}")
+        return value
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, int) and abs(value) >= 10**300:  # beyond a float: float() would raise
+            problems.append(f"{key}: expected a finite number, got {show_number(value)}")
+            return value
         if not math.isfinite(value):
             problems.append(f"{key}: expected a finite number, got {value}")
         return float(value)
@@ -154,6 +183,8 @@ def expected(hint: Any) -> str:
     return words.get(hint, str(hint))
 
 
+MAX_INTEGER = 2**63
+"""No setting counts this far (an int64 would not hold it): a larger integer is a typo."""
 # A number as a person writes it: YAML 1.1 (PyYAML) reads 1e-3 or 5E4 as strings, YAML 1.2 and people do not.
 NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -163,14 +194,23 @@ def number_from_text(value: Any) -> Any:
     if not isinstance(value, str) or not NUMBER_TEXT.fullmatch(value.strip()):
         return value
     text = value.strip()
-    return int(text) if text.lstrip("+-").isdigit() else float(text)
+    if not text.lstrip("+-").isdigit():
+        return float(text)
+    if len(text) > (sys.get_int_max_str_digits() or len(text)):  # more digits than Python reads as an int
+        return float(text)
+    return int(text)
 
 
 def describe(value: Any) -> str:
     """A value with its type, as an error message shows it (``str 'fast'``, ``null``)."""
     if value is None:
         return "null"
-    return f"{type(value).__name__} {value!r}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"int, {show_number(value)}"
+    text = repr(value)
+    if len(text) > 80:  # one line a person reads, not a pasted page
+        text = f"{text[:60]}... ({len(text)} characters)"
+    return f"{type(value).__name__} {text}"
 
 
 def did_you_mean(key: str, names: Iterable[str]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +101,25 @@ def test_auto_skips_a_gpu_another_process_holds(gpus) -> None:
         assert device_module.select_device("auto") == torch.device("cuda:1")
     finally:
         os.close(fd)
+
+
+def test_a_missing_shared_lock_directory_is_made_for_every_user_with_the_sticky_bit(gpus) -> None:
+    """TINY_LLM_GPU_LOCK_DIR coordinates users: each may add a lock file there, and none remove another's."""
+    locks = gpus(1)
+    umask = os.umask(0o077)
+    try:
+        assert device_module.select_device("auto") == torch.device("cuda:0")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o1777 and (locks / "gpu-GPU-0.lock").is_file()
+
+
+def test_an_existing_shared_lock_directory_keeps_its_mode(gpus) -> None:
+    locks = gpus(1)
+    locks.mkdir(mode=0o2770)
+    locks.chmod(0o2770)
+    assert device_module.select_device("auto") == torch.device("cuda:0")
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o2770
 
 
 def test_unusable_lock_directory_falls_back_with_one_warning(gpus, tmp_path, monkeypatch, capsys) -> None:

@@ -261,6 +261,8 @@ def test_a_users_partial_sibling_is_refused_and_kept(tiny_recipe_args, tmp_path:
 
 
 def benchmark(name: str) -> ModuleType:
+    if str(REPO / "benchmarks") not in sys.path:  # the scripts import their shared helpers by name
+        sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"{name}_benchmark", REPO / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -287,6 +289,25 @@ def test_benchmarks_refuse_a_workdir_they_did_not_make(
     assert caught.value.code == 2
     assert one_error_line(capsys) == f"error: --workdir {workdir.resolve()} {FOREIGN}"
     assert snapshot(workdir) == before
+
+
+def test_the_data_parallel_benchmark_refuses_a_folder_with_same_named_runs_it_did_not_make(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Its runs are named one_process, two_ranks, ...: their result.json and states must not be someone's."""
+    workdir = tmp_path / "experiments"
+    run = users_folder(
+        workdir / "one_process", {"result.json": b"{}", "final.pt": b"weights", "latest.pt": b"w"}
+    )
+    module = benchmark("data_parallel")
+    monkeypatch.setattr(module, "build_data", not_run)
+    monkeypatch.setattr(module, "train", not_run)
+    monkeypatch.setattr(sys, "argv", ["data_parallel", "--workdir", str(workdir)])
+    with pytest.raises(SystemExit) as caught:
+        module.main()
+    assert caught.value.code == 2
+    assert one_error_line(capsys) == f"error: --workdir {workdir.resolve()} {FOREIGN}"
+    assert snapshot(workdir / "one_process") == run and sorted(os.listdir(workdir)) == ["one_process"]
 
 
 def test_the_fault_benchmark_refuses_a_foreign_workdir_and_marks_its_own(

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from tiny_llm.cli import main
 from tiny_llm.config import load_recipe, recipe_identity
-from tiny_llm.data.prepare import prepare_cache
+from tiny_llm.data.prepare import WORKER_DIED, prepare_cache
+from tiny_llm.data.sources import CorpusSource
 
 # Small batches and shards: many batches in flight across the workers, several shards per split.
 SETS = [
@@ -40,3 +47,28 @@ def test_one_and_three_workers_write_identical_caches(
     assert one.keys() == three.keys()
     assert all(one[name] == three[name] for name in one), [n for n in one if one[n] != three[n]]
     assert json.loads(one["manifest.json"])["validation_complete"]
+
+
+@pytest.mark.slow  # two spawned workers: about 4 s
+def test_a_killed_tokenizing_worker_is_one_line_and_nothing_is_published(
+    tmp_path: Path, tiny_recipe_args: Callable[[Path], list[str]], monkeypatch, capsys
+) -> None:
+    """The kernel's out-of-memory killer taking a worker mid-prepare: one line, not BrokenProcessPool's
+    traceback, and no cache (nor partial one) left behind."""
+    read = CorpusSource.iter_texts
+
+    def killing_after_the_first_batch(self, *args, **kwargs):
+        for number, batch in enumerate(read(self, *args, **kwargs)):
+            if number == 1:
+                for worker in multiprocessing.active_children():
+                    os.kill(worker.pid, signal.SIGKILL)
+            yield batch
+
+    monkeypatch.setattr(CorpusSource, "iter_texts", killing_after_the_first_batch)
+    cache = tmp_path / "cache"
+    sets = [*tiny_recipe_args(cache), *SETS, "data.prepare_workers=2"]
+    argv = ["prepare", "--no-progress", "--config", "tiny", *[a for s in sets for a in ("--set", s)]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {WORKER_DIED}"
+    assert not cache.exists() and not cache.with_name("cache.partial").exists()

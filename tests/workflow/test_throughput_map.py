@@ -91,3 +91,29 @@ def test_max_windows_below_windows_is_refused_in_one_line(tmp_path: Path) -> Non
     proc = snakemake(tmp_path, write_config(tmp_path / "c.yaml", config), "-n", "throughput")
     assert proc.returncode != 0
     assert "throughput.max_windows: 0 or at least windows (2), got 1" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_failed_point_is_named_in_the_table_and_on_the_console_and_measured_again_when_asked(
+    tmp_path: Path,
+) -> None:
+    """A point that fails (a GPU-only attention kernel on the CPU) ends its line with a reason, the run names
+    its record, a rerun leaves it, and --forcerun on the record measures that point again."""
+    config = tiny_config()
+    broken = {**MAP, "contexts": [32], "overrides": {"runtime": {"sdpa_backend": "flash", "cpu_threads": 1}}}
+    config.update(runs={}, tuning={"default_profiles": []}, throughput=broken)
+    path = write_config(tmp_path / "c.yaml", config)
+    proc = snakemake(tmp_path, path, "--cores", "2", "throughput", timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = tmp_path / "results" / "throughput" / "tiny" / "ctx32" / "m1-first.json"
+    reason = json.loads(record.read_text())["error"].splitlines()[0]
+    assert json.loads(record.read_text())["status"] == "failed"
+    table = (tmp_path / "results" / "throughput" / "throughput.md").read_text()
+    assert f"| failed: {reason[:100]}" in table
+    console = (proc.stdout + proc.stderr).splitlines()
+    assert f"  results/throughput/tiny/ctx32/m1-first.json: failed: {reason}" in console, console[-8:]
+    measured = record.stat().st_mtime_ns
+    assert "Nothing to be done" in snakemake(tmp_path, path, "--cores", "2", "throughput").stderr
+    point = "results/throughput/tiny/ctx32/m1-first.json"
+    again = snakemake(tmp_path, path, "--cores", "2", "throughput", "--forcerun", point, timeout=400)
+    assert again.returncode == 0 and record.stat().st_mtime_ns != measured, again.stdout + again.stderr

@@ -27,7 +27,7 @@ from tiny_llm.bench import profiling
 from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.engines import build_engine
-from tiny_llm.errors import ConfigError, DataError, TinyLLMError
+from tiny_llm.errors import ConfigError, DataError, TinyLLMError, out_of_memory_line
 from tiny_llm.progress import counted
 from tiny_llm.runtime.device import (
     attention_kernels,
@@ -369,7 +369,11 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
     except TinyLLMError as exc:
         out["error"] = str(exc)
     except Exception as exc:  # a kernel or compiler failure belongs to this candidate, not to the tuner
-        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if out_of_memory_line(exc):  # not the caching allocator's: cuBLAS, a CUDA call, a Triton module load
+            out.update(status="memory_limit", error=f"out of memory: {out_of_memory_line(exc)}")
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            out["error"] = f"{type(exc).__name__}: {first}"
         out["traceback"] = traceback.format_exc(limit=8)
     if (
         out["status"] == "ok"

@@ -19,7 +19,7 @@ from typing import Any
 from tiny_llm import campaign
 from tiny_llm.config import read_config_source
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_json, atomic_write_yaml
+from tiny_llm.io import atomic_write_json, atomic_write_yaml, parse_json
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def _settings(text: str) -> dict[str, Any]:
     if text.endswith(".json") and Path(text).is_file():
         source = Path(text).read_text(encoding="utf-8")
     try:
-        data = json.loads(source)
+        data = parse_json(source)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--settings: not valid JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(data, dict) or not {"root", "stages", "sizes"} <= set(data):

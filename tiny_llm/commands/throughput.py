@@ -29,7 +29,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     point.add_argument("--windows", type=int, default=3)
     point.add_argument("--max-windows", type=int, default=0, help="more windows while the spread is wide")
     point.add_argument("--max-spread", type=float, default=0.05)
-    point.add_argument("--timeout-seconds", type=float, default=600)
+    point.add_argument(
+        "--timeout-seconds", type=float, default=600, help="a point's timeout before its own work is added"
+    )
+    point.add_argument(
+        "--timeout-flops-per-second",
+        type=float,
+        default=None,
+        help="the slowest rate a point may keep: its FLOPs at this rate add to its timeout (default 1e14)",
+    )
     point.add_argument("--output", required=True, help="the point's record (JSON, written last)")
     report = sub.add_parser("report", help="summary, table and plot of finished points")
     report.add_argument("points", nargs="*", help="finished point records (<size>/ctx<L>/m<M>-<trial>.json)")
@@ -53,10 +61,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "point":
         protocol = {k: getattr(args, k) for k in throughput_map.PROTOCOL_KEYS}
+        if protocol["timeout_flops_per_second"] is None:
+            protocol["timeout_flops_per_second"] = throughput_map.TIMEOUT_FLOPS_PER_SECOND
+        if not protocol["timeout_flops_per_second"] > 0 or not protocol["timeout_seconds"] > 0:
+            raise ConfigError("--timeout-seconds and --timeout-flops-per-second: must be > 0")
         record = throughput_map.run_point(
             Path(args.recipe), args.context, args.micro, Path(args.output), protocol, args.trial
         )
         print(json.dumps({k: record.get(k) for k in ("status", "tokens_per_second", "error")}))
+        if record["status"] in ("failed", "timeout"):
+            print(
+                f"point {args.output} measured nothing: {throughput_map.stopped_by([record])}; to measure it "
+                "again, run the same command (in the workflow: the throughput target with --forcerun "
+                f"{args.output})",
+                file=sys.stderr,
+            )
     elif args.action == "report":
         paths = [Path(p) for p in args.points]
         summary = throughput_map.write_report(

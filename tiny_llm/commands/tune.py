@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import REBUILD_TUNING, ConfigError
-from tiny_llm.io import atomic_write_json, read_json_mapping
+from tiny_llm.io import atomic_write_json, parse_yaml, read_json_mapping
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def _profile_mapping(text: str) -> dict[str, Any]:
             raise ConfigError(f"--profile: file not found: {path}")
         text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"--profile: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

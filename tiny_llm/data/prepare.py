@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -432,11 +433,11 @@ def encode_in_processes(
     pending: collections.deque[Future[tuple[int, np.ndarray]]] = collections.deque()
     try:
         for texts in batches:
-            pending.append(pool.executor.submit(_encode_in_worker, texts))
+            pending.append(_submit(pool, texts))
             if len(pending) >= pool.workers * ENCODE_AHEAD:
-                yield pending.popleft().result()
+                yield _result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield _result(pending.popleft())
     finally:
         for future in pending:
             future.cancel()
@@ -446,6 +447,28 @@ def encode_in_processes(
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+WORKER_DIED = (
+    "prepare: a tokenizing worker process died (killed by a signal: out of memory, or stopped by hand), so "
+    "nothing was published; rerun the same command, with a lower data.prepare_workers if memory ran out"
+)
+
+
+def _submit(pool: WorkerPool, texts: list[str]) -> Future[tuple[int, np.ndarray]]:
+    try:
+        return pool.executor.submit(_encode_in_worker, texts)
+    except BrokenProcessPool:
+        raise DataError(WORKER_DIED) from None
+
+
+def _result(future: Future[tuple[int, np.ndarray]]) -> tuple[int, np.ndarray]:
+    """A batch's tokens; a worker that died (the kernel's OOM killer, a kill) is one line, not the
+    executor's BrokenProcessPool traceback."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise DataError(WORKER_DIED) from None
 
 
 def _load_worker_tokenizer(directory: str, fingerprint: str) -> None:

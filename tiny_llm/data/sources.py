@@ -167,17 +167,38 @@ def find_bad_file(files: list[str]) -> str | None:
     """Name the first unreadable file and why (only called after a read failed)."""
     for file in files:
         try:
-            with gzip.open(file, "rt", encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    row = json.loads(line)
-                    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                        return f"{file}: line {number} has no 'text' string (C4 JSON lines need 'text')"
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+            problem = _file_problem(file)
+        except (OSError, EOFError, zlib.error) as exc:
             return f"{file}: corrupt or truncated gzip ({exc}); re-create or remove the file"
-        except json.JSONDecodeError as exc:
-            return f"{file}: line {number} is not JSON ({exc.msg}); re-create or remove the file"
+        if problem:
+            return f"{file}: {problem}"
+    return None
+
+
+def _file_problem(file: str) -> str | None:
+    """What is wrong with one C4 JSON-lines file, read line by line (None: nothing found)."""
+    documents = 0
+    with gzip.open(file, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte, column = raw[exc.start], exc.start + 1
+                return (
+                    f"line {number} is not UTF-8 text (byte 0x{byte:02x} at column {column}); C4 JSON lines "
+                    "are UTF-8: convert the file (iconv -f latin1 -t utf-8, say) and compress it again"
+                )
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                return f"line {number} is not JSON ({exc.msg}); re-create or remove the file"
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                return f"line {number} has no 'text' string (C4 JSON lines need 'text')"
+            documents += 1
+    if not documents:
+        return "holds no documents (an empty file); remove it, or write its documents into it"
     return None
 
 

@@ -20,15 +20,19 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.typed import typed_from_dict
+from tiny_llm.io import parse_yaml
+from tiny_llm.typed import show_number, typed_from_dict
+
+MAX_NEW_TOKENS = 2**20
+"""More new tokens than any context here holds (generation stops when the context is full): a typo."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     """How new tokens are chosen (the semantics of transformers' temperature, top-k and top-p warpers)."""
 
-    max_new_tokens: int = 64
-    """Tokens to generate at most (fewer at EOS or when the context is full)."""
+    max_new_tokens: int = field(default=64, metadata={"maximum": MAX_NEW_TOKENS})
+    """Tokens to generate at most (fewer at EOS or when the context is full); at most 2**20."""
     temperature: float = 0.8
     """Softmax temperature; 0 = greedy (argmax)."""
     top_k: int | None = 50
@@ -44,8 +48,10 @@ class SamplingConfig:
 
     def problems(self) -> list[str]:
         out = []
-        if self.max_new_tokens < 0:
-            out.append(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            out.append(
+                f"max_new_tokens must be 0 to {MAX_NEW_TOKENS:,}, got {show_number(self.max_new_tokens)}"
+            )
         if not math.isfinite(self.temperature) or self.temperature < 0:  # the CLI's floats may be nan
             out.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
@@ -83,7 +89,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     """Read a prompt file (see the module doc)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"prompt file not found: {path}") from None
     except UnicodeDecodeError as exc:

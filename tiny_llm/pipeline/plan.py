@@ -9,6 +9,7 @@ by stage name.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -308,7 +309,23 @@ def build_plan(
     plan turn it off.
     """
     validate_config(config, dict(schema), sources)
+    expand_home(config)
     return WorkflowPlan(config, numerics_version, precheck_campaign, local_cores)
+
+
+HOME_PATHS = (("data", "corpus"), ("data", "tokenizer"), ("data", "cache_dir"), ("compile_cache",))
+"""Paths of the workflow config where a leading ``~`` is the home directory, as in a shell."""
+
+
+def expand_home(config: dict[str, Any]) -> None:
+    """Expand a leading ``~`` in the HOME_PATHS of a validated config, in place: the rules' paths, the
+    recipes and the corpus check all see the home directory, never a literal ``./~/`` tree."""
+    for *section, key in HOME_PATHS:
+        mapping = config
+        for name in section:
+            mapping = mapping[name]
+        if isinstance(mapping.get(key), str) and mapping[key].startswith("~"):
+            mapping[key] = os.path.expanduser(mapping[key])
 
 
 def campaign_settings_from_config(config: dict[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:

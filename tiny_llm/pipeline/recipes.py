@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RecipeConfig, deep_merge, read_config_source, recipe_from_dict
+from tiny_llm.data.sources import is_local_dataset
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.layout import CORPUS_DIR, TOKENIZER_DIR
 from tiny_llm.pipeline.stage import Resources
@@ -142,6 +143,12 @@ class RecipeBook:
                         f"sizes.{name}: data.{field} differs from size '{names[0]}'; "
                         "all sizes share one token cache"
                     )
+        corpus = self.config["data"]["corpus"]
+        if corpus != "embedded" and is_local_dataset(corpus) and not Path(corpus).is_dir():
+            raise ConfigError(
+                f"data.corpus: directory {corpus} not found (a local corpus is a directory in C4's layout; a "
+                "hub corpus is named owner/name); fix the path"
+            )
         if self.config["data"]["tokenizer"] == "train" and not self.is_local_corpus():
             raise ConfigError(
                 "data.tokenizer: 'train' needs the embedded corpus or a local corpus directory; "

@@ -12,7 +12,8 @@ import jsonschema
 import yaml
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.typed import did_you_mean, number_from_text
+from tiny_llm.io import LongIntegerError, parse_yaml
+from tiny_llm.typed import MAX_INTEGER, did_you_mean, number_from_text, show_number
 
 
 def load_schema(schema_file: str | Path) -> dict[str, Any]:
@@ -20,18 +21,32 @@ def load_schema(schema_file: str | Path) -> dict[str, Any]:
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def refuse_long_integers(config_file: str | Path) -> None:
+    """Refuse, in one line naming its key, a workflow config holding an integer longer than Python reads,
+    before Snakemake reads it (its reading would end in a ValueError traceback)."""
+    try:
+        parse_yaml(Path(config_file).read_text(encoding="utf-8"))
+    except LongIntegerError as exc:
+        raise ConfigError(f"{config_file}: {exc}") from None
+    except (OSError, ValueError, yaml.YAMLError):
+        return  # Snakemake says what is wrong with it
+
+
 def refuse_templates(config_files: Iterable[str | Path]) -> None:
     """Refuse a workflow config that asks for Snakemake's YAML templates (``__use_yte__: true``).
 
     Snakemake evaluates such a file's Python expressions when it reads it, and drops the key before the
-    schema sees the config: so look at the files themselves. This stops the run; the code already ran.
+    schema sees the config: so look at the files themselves. This stops the run; the code already ran. The
+    file is composed, not constructed: a tag that only a template's loader takes (``!!python/tuple``) hides
+    nothing.
     """
     for path in config_files:
         try:
-            document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue  # not a plain YAML file: Snakemake itself said what is wrong with it
-        if isinstance(document, dict) and "__use_yte__" in document:
+            document = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # not YAML at all: Snakemake itself said what is wrong with it
+        keys = document.value if isinstance(document, yaml.MappingNode) else []
+        if any(isinstance(key, yaml.ScalarNode) and key.value == "__use_yte__" for key, _ in keys):
             raise ConfigError(
                 f"{path}: __use_yte__ (Snakemake's YAML templates, which run Python) is not allowed in a "
                 "workflow config; remove the key and write the values out"
@@ -51,9 +66,12 @@ def validate_config(config: dict[str, Any], schema: dict[str, Any], sources: str
 
 
 def non_finite_numbers(instance: Any, where: str = "") -> list[str]:
-    """``key: NaN/infinity ...`` for every NaN or infinite number (JSON has none; YAML's .nan/.inf do)."""
+    """``key: NaN/infinity ...`` for every NaN or infinite number (JSON has none; YAML's .nan/.inf do), and
+    for every integer of 2**63 or more in size (no setting counts that far: a typo)."""
     if isinstance(instance, float) and not math.isfinite(instance):
         return [f"{where or '(top level)'}: {instance} is not a finite number"]
+    if isinstance(instance, int) and abs(instance) >= MAX_INTEGER:
+        return [f"{where or '(top level)'}: must be below 2**63 in size, got {show_number(instance)}"]
     items: Iterable[tuple[Any, Any]]
     if isinstance(instance, dict):
         items = instance.items()

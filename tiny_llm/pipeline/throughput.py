@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from tiny_llm.budget import parameter_count
-from tiny_llm.config import recipe_to_dict
+from tiny_llm.config import ModelConfig, recipe_to_dict
 from tiny_llm.errors import ConfigError
+from tiny_llm.io import read_json
 from tiny_llm.pipeline.data import cache_manifest
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
@@ -26,7 +28,15 @@ from tiny_llm.pipeline.layout import (
 )
 from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.stage import Resources
-from tiny_llm.tuning.throughput_map import PROTOCOL_KEYS, estimate, frontier, point_sets, protocol_updates
+from tiny_llm.tuning.throughput_map import (
+    PROTOCOL_KEYS,
+    estimate,
+    frontier,
+    point_sets,
+    point_timeout,
+    protocol_updates,
+    unmeasured_points,
+)
 
 
 class ThroughputPlan:
@@ -44,10 +54,12 @@ class ThroughputPlan:
                 f"{section['max_windows']}"
             )
         self.parameters: dict[str, int] = {}
+        self.models: dict[str, ModelConfig] = {}
         for size in self.sizes:
             book.check_size(size, "throughput.sizes")
             recipe = book.recipe(size, section["overrides"], where=f"throughput.sizes.{size}")
             self.parameters[size] = parameter_count(recipe.model)
+            self.models[size] = recipe.model
             self._check_size(size)
             files.add(fill(THROUGHPUT_RECIPE, size=size), recipe_to_dict(recipe), stage="throughput")
 
@@ -102,7 +114,28 @@ class ThroughputPlan:
         return ",".join(f"{size}={count}" for size, count in self.parameters.items())
 
     def estimate(self) -> dict[str, Any]:
-        return estimate(self.section, self.parameters)
+        return estimate(self.section, self.models)
+
+    def timeout(self, size: str, context: int, micro: int) -> float:
+        """A point's timeout in seconds (scaled with its work: ``point_timeout``)."""
+        return point_timeout(self.section, self.models[size], context, micro)
+
+    def unmeasured_lines(self) -> list[str]:
+        """For the console after a run: each failed or timed-out point of the last report, and how to
+        measure it again (nothing when the map has no report yet)."""
+        if not self.sizes or not Path(THROUGHPUT_SUMMARY).is_file():
+            return []
+        try:
+            lines = unmeasured_points(read_json(THROUGHPUT_SUMMARY), self.point)
+        except (ValueError, KeyError, TypeError):
+            return []  # a damaged summary: the report job says so when it runs again
+        if not lines:
+            return []
+        return [
+            f"Throughput map: {len(lines)} point(s) measured nothing; to measure one again, run the "
+            "throughput target again with --forcerun <its record>:",
+            *lines,
+        ]
 
     # ------------------------------------------------------------------ StagePlan
 
@@ -110,10 +143,11 @@ class ThroughputPlan:
         return [THROUGHPUT_SUMMARY, THROUGHPUT_TABLE, THROUGHPUT_PLOT] if self.sizes else []
 
     def resources(self, wildcards: Any) -> Resources:
-        """A point: its size's threads, memory and device, as a timed job (nothing runs beside it)."""
+        """A point: its size's threads, memory and device, as a timed job (nothing runs beside it), for as
+        long as its timeout, plus ten minutes to start and to write its record."""
         size = self.book.size_resources(wildcards.size)
-        minutes = int(self.section["timeout_seconds"] // 60) + 10  # start-up and compilation
-        return Resources(size.threads, size.mem_mb, minutes, size.gpu, timed=True)
+        timeout = self.timeout(wildcards.size, int(wildcards.context), int(wildcards.micro))
+        return Resources(size.threads, size.mem_mb, int(timeout // 60) + 10, size.gpu, timed=True)
 
     def cache_tokens_needed(self) -> list[int]:
         """One update of the largest point: the worker's real data restarts at the end of the prefix."""

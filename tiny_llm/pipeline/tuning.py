@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
+from tiny_llm.io import parse_yaml
 from tiny_llm.pipeline.data import cache_manifest
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import (
@@ -128,7 +129,7 @@ class TuningPlan:
 
 def _profiles_in(config_file: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        data = parse_yaml(config_file.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         return {}
     tuning = data.get("tuning") if isinstance(data, dict) else None

@@ -6,12 +6,17 @@ before anything compiles) points ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_
 user owns and no one else may write, checked by ``tiny_llm.io.private_directory`` (never through a symbolic
 link):
 
-- ``$TINY_LLM_COMPILE_CACHE/tiny-llm-compile-<uid>`` when the variable is set (the workflow sets it to its
-  ``compile_cache``, one directory under its results/, so that its jobs share the cache and only the first
-  compiles from cold). The directory named is created when missing and never changed: it may be a shared
-  one (a sticky /tmp, a setgid project directory). One that every user may write without the sticky bit is
-  refused, as is a cache directory in it that is another user's or that others may write.
+- ``$TINY_LLM_COMPILE_CACHE/tiny-llm-compile-<uid>`` when the variable is set (``~`` expanded; the
+  workflow sets it to its ``compile_cache``, one directory under its results/, so that its jobs share the
+  cache and only the first compiles from cold). The directory named is created when missing (without group
+  or other write access) and never changed: it may be a shared one (a sticky /tmp). A cache directory in it
+  that is another user's or that others may write is refused.
 - else ``<tmp>/tiny-llm-compile-<uid>``, created 0700 (narrowed to 0700 when it is ours but open).
+
+Either way the directory holding the cache, and every directory above it, must be one that only this user and
+root can rename entries of (``tiny_llm.io.renamable_by_others``): a group-writable project directory without
+the sticky bit (a setgid 2775 one) would let a group member rename the checked cache away and put their own
+kernels in its place, which Inductor would then load. Such a place is refused in one line.
 
 A ``TORCHINDUCTOR_CACHE_DIR`` the user set is kept unless ``TINY_LLM_COMPILE_CACHE`` is set as well.
 """
@@ -21,12 +26,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import private_directory
+from tiny_llm.io import private_directory, renamable_by_others
 
 ENV = "TINY_LLM_COMPILE_CACHE"
 # The directory this process set, so that a second setup does not take it for the user's choice.
@@ -51,20 +55,26 @@ def compile_cache_directory(explicit: str | None) -> Path:
             default.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"compile cache {default}: {exc.strerror}; {advice}") from None
+        _refuse_renamable(default.parent, f"compile cache {default}", advice)
         return _private(default, narrow=True, advice=advice)
     advice = f"point {ENV} (the workflow's compile_cache) at another directory"
-    given = Path(explicit).absolute()
+    given = Path(explicit).expanduser().absolute()
     try:
-        given.mkdir(parents=True, exist_ok=True)
-        info = given.stat()
+        given.mkdir(mode=0o755, parents=True, exist_ok=True)  # no group write, whatever the umask
     except OSError as exc:
         raise ConfigError(f"{ENV} {given}: {exc.strerror}; {advice}") from None
-    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
-        raise ConfigError(
-            f"{ENV} {given}: every user may write it and it has no sticky bit (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}), so anyone could replace the compile cache in it; {advice}"
-        )
+    _refuse_renamable(given, f"{ENV} {given}", advice)
     return _private(given / cache_name(), narrow=False, advice=advice)
+
+
+def _refuse_renamable(directory: Path, what: str, advice: str) -> None:
+    """One line when someone else could swap the cache directory that ``directory`` holds."""
+    reason = renamable_by_others(directory)
+    if reason is not None:
+        raise ConfigError(
+            f"{what}: {reason}, so another user could replace the compile cache there with kernels of "
+            f"theirs; {advice}, one only you (and root) can write, or add the sticky bit (chmod +t)"
+        )
 
 
 def _private(path: Path, *, narrow: bool, advice: str) -> Path:

@@ -49,11 +49,12 @@ def gpu_lock_dir() -> Path:
     XDG_RUNTIME_DIR when set, else under the system temp directory.
 
     Private, so that no other user can plant files or links in it on a shared host; a Slurm job's GPU is its
-    own anyway. Name one shared directory to coordinate users.
+    own anyway. Name one shared directory to coordinate users: when missing it is made as /tmp is (mode 1777,
+    see ``shared_lock_directory``).
     """
     explicit = os.environ.get("TINY_LLM_GPU_LOCK_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"tiny-llm-gpu-locks-{os.getuid()}"
 
@@ -69,7 +70,7 @@ def _open_lock(path: Path) -> int:
     shared = bool(os.environ.get("TINY_LLM_GPU_LOCK_DIR"))
     try:
         if shared:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            shared_lock_directory(path.parent)
         else:
             private_directory(path.parent)
         return open_lock_file(path, 0o644 if shared else 0o600)
@@ -80,6 +81,22 @@ def _open_lock(path: Path) -> int:
             return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             raise GpuLocksUnavailable(exc.errno, f"{exc.strerror}: {path}") from exc
+
+
+def shared_lock_directory(directory: Path) -> None:
+    """Make a missing TINY_LLM_GPU_LOCK_DIR as /tmp is, mode 1777: every user may add lock files (and take
+    theirs read-only, which flock needs no more than), and the sticky bit keeps anyone from removing or
+    replacing another's. One that exists is used as it is."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, 0o1777)  # the umask would narrow a mode given to mkdir
+    finally:
+        os.close(fd)
 
 
 def claim_first_free(lock_paths: Sequence[Path]) -> int | None:

@@ -9,14 +9,16 @@ out-of-memory is a result (status memory_limit), never a failed job; the frontie
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.budget import parameter_count
-from tiny_llm.config import load_recipe
-from tiny_llm.io import atomic_write_bytes, atomic_write_json, read_json
+from tiny_llm.budget import flops_per_token, parameter_count
+from tiny_llm.config import ModelConfig, load_recipe
+from tiny_llm.errors import ConfigError
+from tiny_llm.io import atomic_write_bytes, atomic_write_json, claim_output_dir, read_json
 from tiny_llm.plotting import save_png
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import window_noise
@@ -25,7 +27,13 @@ TRIALS = ("first", "confirm")
 OUT_OF_MEMORY = "memory_limit"
 TOKENS_PER_PARAMETER = 20
 # A point's protocol (the throughput section's keys, the point command's flags).
-PROTOCOL_KEYS = ("data_mode", "warmup", "steps", "windows", "max_windows", "max_spread", "timeout_seconds")
+PROTOCOL_KEYS = (
+    "data_mode", "warmup", "steps", "windows", "max_windows", "max_spread", "timeout_seconds",
+    "timeout_flops_per_second",
+)  # fmt: skip
+TIMEOUT_FLOPS_PER_SECOND = 1e14
+"""The slowest training rate a point may keep before its timeout takes it for hung: about a tenth of an
+H100's or H200's dense BF16 peak (the workflow's throughput.timeout_flops_per_second)."""
 
 
 def point_sets(context: int, micro: int, parameters: int, updates: int) -> list[str]:
@@ -47,6 +55,16 @@ def protocol_updates(protocol: dict[str, Any]) -> int:
     update."""
     windows = max(int(protocol["windows"]), int(protocol["max_windows"]))
     return int(protocol["warmup"]) + int(protocol["steps"]) * windows + 1
+
+
+def point_timeout(protocol: dict[str, Any], model: ModelConfig, context: int, micro: int) -> float:
+    """Seconds one point may run: ``timeout_seconds`` (start-up, compilation, a small point's updates) plus
+    the training FLOPs of every update it may run (``micro`` x ``context`` tokens each) at
+    ``timeout_flops_per_second``. A fixed timeout would end a 500m line at 4,096 tokens before its
+    out-of-memory, its large microbatches taking longer than the whole limit."""
+    flops = flops_per_token(dataclasses.replace(model, context_length=context))
+    work = protocol_updates(protocol) * micro * context * flops
+    return float(protocol["timeout_seconds"]) + work / float(protocol["timeout_flops_per_second"])
 
 
 def frontier(
@@ -85,19 +103,22 @@ def worker_command(
 def run_point(
     recipe: Path, context: int, micro: int, output: Path, protocol: dict[str, Any], trial: str = "first"
 ) -> dict[str, Any]:
-    """Measure one point in its own process and write its record to ``output`` (atomically, last)."""
-    worker_json = output.with_suffix(".worker.json")
-    log = output.with_suffix(".log")
+    """Measure one point in its own process and write its record to ``output`` (atomically, last). The
+    worker's log and record go into ``<output>.point/``, a directory of the point's own (nothing of anyone
+    else's beside ``output`` is truncated or removed)."""
+    work = point_directory(output)
+    worker_json, log = work / "worker.json", work / "worker.log"
     worker_json.unlink(missing_ok=True)  # a stale output must not pass for this run's
-    timeout = float(protocol["timeout_seconds"])
-    parameters = parameter_count(load_recipe([str(recipe)]).model)
+    model = load_recipe([str(recipe)]).model
+    parameters = parameter_count(model)
+    timeout = point_timeout(protocol, model, context, micro)
     returncode, timed_out = tuner.run_process_group(
         worker_command(recipe, context, micro, worker_json, protocol, parameters), log, timeout
     )
     record: dict[str, Any] = {"context": context, "micro_batch_size": micro, "trial": trial}
-    record["parameters"] = parameters
+    record.update(parameters=parameters, timeout_seconds=round(timeout, 1))
     if timed_out:
-        record.update(status="timeout", error=f"killed after the {timeout:.0f} s point timeout")
+        record.update(status="timeout", error=f"killed after its {timeout:,.0f} s timeout")
     elif worker_json.is_file():
         worker = read_json(worker_json)
         rates = [m["tokens_per_second"] for m in worker.get("measurements") or []]
@@ -115,6 +136,45 @@ def run_point(
     return record
 
 
+def point_directory(output: Path) -> Path:
+    """``<output without .json>.point/``, claimed for the point (marked as tiny-llm's); a non-empty directory
+    there that tiny-llm did not write is refused in one line and kept."""
+    work = output.with_name(f"{output.stem}.point")
+    try:
+        return claim_output_dir(work, "the point's work directory")
+    except ConfigError:
+        raise ConfigError(
+            f"--output {output}: {work}, where the point keeps its worker's log and record, is a non-empty "
+            "directory that tiny-llm did not write; move it away or choose another --output"
+        ) from None
+
+
+def stopped_by(points: list[dict[str, Any]]) -> str:
+    """Why a line (its points in walk order) ended: ok (max_micro_batch reached), out of memory twice,
+    failed: the error's first line, or timeout."""
+    last = points[-1]
+    if last["status"] == "ok":
+        return "ok"
+    if last["status"] == OUT_OF_MEMORY:
+        return "out of memory twice" if last["trial"] == "confirm" else "out of memory once (not confirmed)"
+    if last["status"] == "timeout":
+        return f"timeout ({last['error']})" if last.get("error") else "timeout"
+    first_line = (str(last.get("error") or "").strip().splitlines() or ["no error recorded"])[0]
+    return f"failed: {first_line}"
+
+
+def unmeasured_points(summary: dict[str, Any], point_path: Callable[[str, int, int, str], str]) -> list[str]:
+    """One line per failed or timed-out point of ``summary``, naming its record (``--forcerun`` it to measure
+    it again)."""
+    lines = []
+    for row in summary["lines"]:
+        for p in row["points"]:
+            if p["status"] in ("failed", "timeout"):
+                path = point_path(row["size"], row["context"], p["micro_batch_size"], p["trial"])
+                lines.append(f"  {path}: {stopped_by([p])}")
+    return lines
+
+
 def summarize(points: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, Any]:
     """Per size x context: the measured points, the largest microbatch that fits, the best tokens/s R and
     T = 20 P / R in GPU hours. ``points`` carry their size; ``sizes`` maps a size to its parameters P."""
@@ -127,6 +187,7 @@ def summarize(points: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, 
         best = max(ok, key=lambda p: p["tokens_per_second"], default=None)
         confirmed = any(p["trial"] == "confirm" and p["status"] == OUT_OF_MEMORY for p in found)
         rate = best["tokens_per_second"] if best else None
+        walk = sorted(found, key=lambda p: (p["micro_batch_size"], TRIALS.index(p["trial"])))
         rows.append(
             {
                 "size": size,
@@ -134,12 +195,13 @@ def summarize(points: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, 
                 "parameters": sizes[size],
                 "max_micro_batch_fits": max((p["micro_batch_size"] for p in ok), default=None),
                 "out_of_memory_confirmed": confirmed,
+                "stopped_by": stopped_by(walk),
                 "best_micro_batch": best["micro_batch_size"] if best else None,
                 "tokens_per_second": rate,
                 "gpu_hours_20_tokens_per_parameter": (
                     TOKENS_PER_PARAMETER * sizes[size] / rate / 3600 if rate else None
                 ),
-                "points": sorted(found, key=lambda p: (p["micro_batch_size"], TRIALS.index(p["trial"]))),
+                "points": walk,
             }
         )
     rows.sort(key=lambda r: (sizes[r["size"]], r["context"]))
@@ -147,15 +209,19 @@ def summarize(points: list[dict[str, Any]], sizes: dict[str, int]) -> dict[str, 
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The report's Markdown table: one row per size x context."""
-    head = "| size | context | max micro fitting | OOM twice | best micro | tokens/s | T = 20 P/R (GPU h) |"
-    lines = [head, "|---|---:|---:|---|---:|---:|---:|"]
+    """The report's Markdown table: one row per size x context, with what stopped the line."""
+    head = (
+        "| size | context | max micro fitting | OOM twice | best micro | tokens/s | T = 20 P/R (GPU h) | "
+        "stopped by |"
+    )
+    lines = [head, "|---|---:|---:|---|---:|---:|---:|---|"]
     for r in summary["lines"]:
         rate, hours = r["tokens_per_second"], r["gpu_hours_20_tokens_per_parameter"]
+        reason = (r.get("stopped_by") or stopped_by(r["points"])).replace("|", "\\|")
         lines.append(
             f"| {r['size']} | {r['context']} | {r['max_micro_batch_fits'] or '-'} | "
             f"{'yes' if r['out_of_memory_confirmed'] else 'no'} | {r['best_micro_batch'] or '-'} | "
-            f"{f'{rate:,.0f}' if rate else '-'} | {f'{hours:,.3f}' if hours else '-'} |"
+            f"{f'{rate:,.0f}' if rate else '-'} | {f'{hours:,.3f}' if hours else '-'} | {reason[:120]} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -207,16 +273,25 @@ def write_report(
     return summary
 
 
-def estimate(settings: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
+def estimate(settings: dict[str, Any], models: dict[str, ModelConfig]) -> dict[str, Any]:
     """GPU hours of the map before anything runs, at most: every line doubles to max_micro_batch, plus the
-    out-of-memory point and its confirmation, and every point runs to its timeout."""
-    per_line = int(math.log2(settings["max_micro_batch"])) + 1 + 2
-    lines = len(settings["sizes"]) * len(settings["contexts"])
-    seconds = lines * per_line * settings["timeout_seconds"]
+    out-of-memory point and its confirmation, and every point runs to its timeout (point_timeout).
+    ``models`` maps each size to its model."""
+    doublings = int(math.log2(settings["max_micro_batch"])) + 1
+    micros = [2**i for i in range(doublings)]
+    per_line = doublings + 2
+    seconds = sum(
+        sum(point_timeout(settings, model, context, micro) for micro in micros)
+        + 2 * point_timeout(settings, model, context, micros[-1])
+        for model in models.values()
+        for context in settings["contexts"]
+    )
+    lines = len(models) * len(settings["contexts"])
     return {
         "lines": lines,
         "points_at_most": lines * per_line,
         "timeout_seconds": settings["timeout_seconds"],
+        "timeout_flops_per_second": settings["timeout_flops_per_second"],
         "gpu_hours_at_most": round(seconds / 3600, 2),
-        "parameters": sizes,
+        "parameters": {size: parameter_count(model) for size, model in models.items()},
     }
