@@ -185,7 +185,7 @@ class WorkflowPlan:
     def stamps(self, stage: str | None = None) -> list[str]:
         """The plan-file stamps a named target (``stage``; None: the default target) takes: those of every
         stage the default target runs, and ``stage``'s (rules/plan_files.smk)."""
-        stages = [name for name in STAGES if self.stage(name).enabled] + [stage] * (stage is not None)
+        stages = [name for name in STAGES if self.stage(name).enabled or name == stage]
         return self.files.stamps(stages)
 
     def uses_gpu(self) -> bool:
