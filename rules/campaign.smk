@@ -35,11 +35,13 @@ rule plan_campaign:
     conda:
         "../envs/report.yaml"
     params:
+        plan=plan_file_digests,
         estimate=PLAN.campaign.estimate_text,
     message:
         "Plan the campaign in {CAMPAIGN_ROOT}; GPU-hour estimate (training only):\n{params.estimate}"
     shell:
         # tee: the GPU-hour estimate is printed before any run starts, and kept in the log
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm campaign plan --settings {input.settings:q} 2>&1 | tee {log:q}"
 
 

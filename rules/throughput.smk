@@ -24,8 +24,10 @@ checkpoint bench_throughput:
     resources:
         **PLAN.resources("throughput"),
     params:
+        plan=plan_file_digests,
         protocol=PLAN.throughput.protocol_flags(),
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm throughput point --recipe {input.recipe:q} --context {wildcards.context} "
         "--micro {wildcards.micro} --trial {wildcards.trial} {params.protocol} --output {output:q} > {log:q} 2>&1"
 

@@ -42,8 +42,10 @@ rule bench_candidate:
     resources:
         **PLAN.resources("tuning"),
     params:
+        plan=plan_file_digests,
         results=tuning_results,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm tune candidate --plan {input.plan:q} --slot {wildcards.slot:q} "
         "--results-dir {params.results:q} > {log:q} 2>&1"
 
@@ -67,7 +69,9 @@ rule select_tuning:
     conda:
         "../envs/report.yaml"
     params:
+        plan=plan_file_digests,
         results=tuning_results,
     shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
         "python -m tiny_llm tune select --plan {input.plan:q} --results-dir {params.results:q} "
         "--plot {output.plot:q} > {log:q} 2>&1"

@@ -17,6 +17,7 @@ from pipeline_helpers import plan_of, shipped
 
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
+from tiny_llm.recorded import without_record
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import (
     apply_overrides,
@@ -402,7 +403,7 @@ def test_tune_run_command_runs_the_library_loop_and_resumes(tmp_path: Path, fake
     argv = ["tune", "run", "--name", "c", "--profile", profile, "--results-dir", str(tmp_path / "out")]
     assert main(argv) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    plan = candidates.plan_from_dict(json.loads((tmp_path / "out" / "plan.json").read_text()))
+    plan = candidates.plan_from_dict(without_record(json.loads((tmp_path / "out" / "plan.json").read_text())))
     assert [x["name"] for x in lines[:-1]] == [s.name for s in plan.slots]
     assert lines[-1] == {
         "selected": tuner.summarize(plan, tmp_path / "out")["selected"]["name"],
@@ -506,7 +507,7 @@ def test_tuning_keeps_the_compiled_baseline_unless_clearly_beaten(tmp_path: Path
     selection = summary["selection"]
     assert selection["fastest_measured"] == "s1-m8-eager" and "spread" in selection["rule"]
     assert [d["name"] for d in selection["decisions"]] == ["s1-m8-compile", "s1-m8-eager"]
-    header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[0]
+    header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[1]  # under the writer's record
     assert f"selected candidate {selected}" in header
     assert ("s1-m8-eager measured faster, within its window noise" in header) == (selected == "s1-m8-compile")
     recipe = load_recipe([str(tmp_path / "out" / "selected.yaml")])
@@ -585,7 +586,7 @@ def test_the_cuda_graph_stays_only_if_clearly_faster_than_its_parent(
     decision = summary["selection"]["decisions"][1]
     if selected == "s1-m8-compile":  # 0.5% faster, its windows 2% apart: the parent is kept
         assert decision["kept_above"] == "s1-m8-compile" and decision["rank_when_measured"] == 1
-        header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[0]
+        header = (tmp_path / "out" / "selected.yaml").read_text().splitlines()[1]
         assert "s4-r0-cuda-graph measured faster, within its window noise" in header
     else:
         assert decision["beat"] == "s1-m8-compile" and decision["rank_when_measured"] == 0

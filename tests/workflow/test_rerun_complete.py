@@ -5,6 +5,7 @@ its targets: one that Snakemake leaves unbuilt fails in one line."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -101,7 +102,13 @@ def test_a_controller_killed_during_a_local_job_needs_one_rerun(
     reference: Reference, tmp_path: Path, job: str
 ) -> None:
     workdir = shutil.copytree(reference.base, tmp_path / "w", symlinks=True)
-    stamp_log = stamp_job_log(workdir, PLAN_FILE) if job == "plan-file-write" else ""
+    stamp_log = ""
+    if job == "plan-file-write":  # `data` wrote every plan file of the base: this one is written again
+        (workdir / PLAN_FILE).unlink()
+        key = hashlib.sha256(PLAN_FILE.encode()).hexdigest()[:16]  # its stamp's name begins with its path's
+        for stamp in (workdir / "results/.plan").glob(f"{key}-*"):
+            stamp.unlink()
+        stamp_log = stamp_job_log(workdir, PLAN_FILE)
     if job == "tuning-select":  # the tuning is part of the base: its selection runs again
         for output in TUNING_OUTPUTS:
             (workdir / output).unlink()
@@ -165,3 +172,43 @@ def test_a_run_that_leaves_a_target_unbuilt_fails_in_one_line(reference: Referen
     assert "Results (" not in proc.stdout  # no closing summary of results that are not there
     ok(snakemake(workdir, workdir / "config.yaml", "--cores", "2", "campaign"))  # as it says
     assert (workdir / "results/campaign/report/comparison.json").is_file()
+
+
+STAGE1_RECIPE = "results/campaign/stage1/t-s-lr0.003-wd0.1/recipe.yaml"
+
+
+def refused(proc: subprocess.CompletedProcess, log: str, path: str) -> str:
+    """The failed job's one-line error, as its log and the closing lines give it."""
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    error = Path(log).read_text().strip().splitlines()[-1]
+    assert error.startswith(f"error: {path} ") and "delete it and rerun the same snakemake command" in error
+    assert error in proc.stdout + proc.stderr  # the closing lines name it
+    return error
+
+
+def test_edited_settings_and_stage_recipes_are_refused_and_the_advice_works(
+    reference: Reference, tmp_path: Path
+) -> None:
+    workdir = shutil.copytree(reference.base, tmp_path / "w", symlinks=True)
+    configfile = workdir / "config.yaml"
+    ok(snakemake(workdir, configfile, "--cores", "2", STAGE1_RECIPE))  # planned, not trained
+
+    settings = workdir / PLAN_FILE
+    settings.write_text(settings.read_text().replace('"weight_decay": [\n', '"weight_decay": [\n0.2,\n', 1))
+    proc = snakemake(workdir, configfile, "--cores", "2", "campaign")
+    error = refused(proc, workdir / "logs/plan_campaign/campaign.log", PLAN_FILE)
+    assert "is not what the workflow config says" in error
+    settings.unlink()  # as it says
+    ok(snakemake(workdir, configfile, "--cores", "2", STAGE1_RECIPE))
+
+    recipe = workdir / STAGE1_RECIPE
+    edited = recipe.read_text().replace("lr: 0.003", "lr: 0.03")
+    assert edited != recipe.read_text()
+    recipe.write_text(edited)
+    proc = snakemake(workdir, configfile, "--cores", "2", "campaign")
+    log = workdir / "logs/train_campaign/stage1/t-s-lr0.003-wd0.1.log"
+    assert "is not what `campaign plan` wrote (edited since?)" in refused(proc, log, STAGE1_RECIPE)
+    assert not (recipe.parent / "result.json").exists()  # nothing was trained on it
+    recipe.unlink()  # as it says
+    ok(snakemake(workdir, configfile, "--cores", "2", "campaign"))
+    assert differences(reference.fingerprint, fingerprint(workdir)) == []

@@ -117,3 +117,26 @@ def test_a_failed_point_is_named_in_the_table_and_on_the_console_and_measured_ag
     point = "results/throughput/tiny/ctx32/m1-first.json"
     again = snakemake(tmp_path, path, "--cores", "2", "throughput", "--forcerun", point, timeout=400)
     assert again.returncode == 0 and record.stat().st_mtime_ns != measured, again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_an_edited_map_recipe_is_refused_and_the_advice_works(tmp_path: Path) -> None:
+    config = tiny_config()
+    config.update(runs={}, tuning={"default_profiles": []}, throughput=MAP)
+    path = write_config(tmp_path / "c.yaml", config)
+    recipe, point = "results/throughput/tiny/recipe.yaml", "results/throughput/tiny/ctx32/m1-first.json"
+    assert snakemake(tmp_path, path, "--cores", "2", recipe).returncode == 0
+    text = (tmp_path / recipe).read_text()
+    assert "  width: 64\n" in text
+    (tmp_path / recipe).write_text(text.replace("  width: 64\n", "  width: 96\n"))  # another model
+    proc = snakemake(tmp_path, path, "--cores", "2", point)
+    assert proc.returncode != 0 and not (tmp_path / point).exists()  # nothing measured on it
+    log = (tmp_path / "logs/bench_throughput/tiny-ctx32-m1-first.log").read_text()
+    assert log.strip() == (
+        f"error: {recipe} is not what the workflow config says (edited since the workflow wrote it?); delete "
+        "it and rerun the same snakemake command: the workflow writes it again from the config"
+    )
+    (tmp_path / recipe).unlink()  # as it says
+    assert snakemake(tmp_path, path, "--cores", "2", point).returncode == 0
+    measured = json.loads((tmp_path / point).read_text())
+    assert measured["status"] == "ok" and "width: 64" in (tmp_path / recipe).read_text()

@@ -19,7 +19,8 @@ from typing import Any
 from tiny_llm import campaign
 from tiny_llm.config import read_config_source
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_json, atomic_write_yaml, parse_json
+from tiny_llm.io import atomic_write_json, parse_json
+from tiny_llm.recorded import write_recorded_yaml
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +59,10 @@ def plan(config: campaign.CampaignConfig) -> None:
     if not campaign.check_unchanged(root, result.payload):
         atomic_write_json(root / campaign.IDENTITY_FILE, campaign.identity_record(result.payload))
     for size, template in result.templates.items():
-        atomic_write_yaml(campaign.template_path(config, size), template)
+        write_recorded_yaml(campaign.template_path(config, size), template, "campaign plan")
     first = campaign.stage_name(0)
     for run_id, recipe in result.stage1.items():
-        atomic_write_yaml(campaign.recipe_path(config, first, run_id), recipe)
+        write_recorded_yaml(campaign.recipe_path(config, first, run_id), recipe, "campaign plan")
     atomic_write_json(root / "campaign.json", campaign.campaign_record(config, result))
     print(campaign.describe_estimate(result.estimate))
 
@@ -79,13 +80,16 @@ def select(config: campaign.CampaignConfig, stage: int | None, run: str | None) 
     if run is not None:
         if run not in recipes:
             raise ConfigError(f"--run: '{run}' is not a run of stage {stage}: {', '.join(recipes)}")
-        atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run), recipes[run])
+        path = campaign.recipe_path(config, campaign.stage_name(index), run)
+        write_recorded_yaml(path, recipes[run], "campaign select")
         planned = {r.run_id: r for r in campaign.planned_runs(config)[campaign.stage_name(index)]}
         print(f"{run}: parent {ranked[planned[run].parent_rank or 0].configuration} of {previous}")
         return
     atomic_write_json(campaign.ranking_path(config, previous), campaign.ranking_rows(ranked))
     for run_id, recipe in recipes.items():
-        atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe)
+        write_recorded_yaml(
+            campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe, "campaign select"
+        )
     promoted = ", ".join(c.configuration for c in ranked[: config.stages[index].parents])
     print(f"{previous} best: {describe_best(ranked[0])}; promoted: {promoted}")
 

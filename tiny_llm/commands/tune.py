@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import REBUILD_TUNING, ConfigError
-from tiny_llm.io import atomic_write_json, parse_yaml, read_json_mapping
+from tiny_llm.io import parse_yaml, read_json_mapping
+from tiny_llm.recorded import without_record, write_recorded_json
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +69,7 @@ def _load_plan(path: str):
     if not Path(path).is_file():
         raise ConfigError(f"--plan: file not found: {path}")
     rebuild = "delete it and rerun the same command: `tiny-llm tune plan` writes it again"
-    return plan_from_dict(read_json_mapping(path, rebuild))
+    return plan_from_dict(without_record(read_json_mapping(path, rebuild)))
 
 
 def _print_result(result: dict[str, Any]) -> None:
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from tiny_llm.tuning import tuner
 
     if args.action == "plan":
-        atomic_write_json(args.output, _make_plan(args).to_dict())
+        write_recorded_json(args.output, _make_plan(args).to_dict(), "tune plan")
         return 0
     if args.action == "candidate":
         result = tuner.run_candidate(_load_plan(args.plan), args.slot, args.results_dir)
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         plan = _load_plan(args.plan)
     else:
         plan = _make_plan(args)
-        atomic_write_json(Path(args.results_dir) / "plan.json", plan.to_dict())
+        write_recorded_json(Path(args.results_dir) / "plan.json", plan.to_dict(), "tune run")
         tuner.run_slots(plan, args.results_dir, on_result=_print_result)
     try:
         summary = tuner.select(plan, args.results_dir)

@@ -55,6 +55,7 @@ class CampaignPlan:
         if self.config is None:
             return
         files.add(self.settings_file, campaign_lib.settings_dict(self.config), stage="campaign")
+        files.add_recorded(self.templates() + [path for stage in self.runs for path in self.recipes(stage)])
         for size in self.config.sizes:
             self.size_recipes[size] = recipe_from_dict(campaign_lib.build_template(self.config, size))
         self.check_tuning()

@@ -22,27 +22,29 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_json, atomic_write_yaml, canonical_json
+from tiny_llm.io import atomic_write_json, atomic_write_yaml
 from tiny_llm.pipeline.layout import PLAN_STAMP, fill
+from tiny_llm.recorded import RECORDED, content_digest, recorded_problem
 
 PLAN_FILES_ENV = "TINY_LLM_PLAN_FILES"
 """A job's plan files and their digests (JSON: path -> digest), which `python -m tiny_llm` checks first."""
-
-
-def content_digest(content: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(dict(content)).encode()).hexdigest()[:16]
 
 
 class PlanFiles:
     def __init__(self) -> None:
         self._content: dict[str, dict[str, Any]] = {}
         self._stage: dict[str, str] = {}
+        self._recorded: set[str] = set()
 
     def add(self, path: str, content: Mapping[str, Any], *, stage: str) -> str:
         """Plan ``path`` with ``content``; ``stage``: the workflow stage whose jobs read it."""
         self._content[path] = dict(content)
         self._stage[path] = stage
         return path
+
+    def add_recorded(self, paths: Iterable[str]) -> None:
+        """Files a job writes for another job to read, their digest recorded in them (tiny_llm.recorded)."""
+        self._recorded.update(paths)
 
     def __contains__(self, path: str) -> bool:
         return path in self._content
@@ -58,8 +60,10 @@ class PlanFiles:
         return " ".join(self.digest(path) for path in paths if path in self._content)
 
     def expected(self, paths: list[str]) -> str:
-        """PLAN_FILES_ENV's value for a job reading ``paths``: its plan files, with their digests."""
-        return json.dumps({path: self.digest(path) for path in paths if path in self._content})
+        """PLAN_FILES_ENV's value for a job reading ``paths``: its plan files, with their digests, and the
+        files written by other jobs, RECORDED."""
+        planned = {path: self.digest(path) for path in paths if path in self._content}
+        return json.dumps({**planned, **{path: RECORDED for path in paths if path in self._recorded}})
 
     def pattern(self) -> str:
         """A wildcard constraint matching exactly these paths (there is always one: the export prompts)."""
@@ -112,9 +116,18 @@ def write_plan_file(path: str | Path, content: Mapping[str, Any], log: str | Pat
 
 
 def check_plan_files(expected: str) -> None:
-    """Refuse, in one line, a plan file whose content is not the plan's (PLAN_FILES_ENV): edited by hand or
-    restored from a backup, it would be trained as it stands, its result belonging to no config."""
+    """Refuse, in one line, a plan file whose content is not the plan's, or a file another job wrote that is
+    not what it recorded (PLAN_FILES_ENV): edited by hand or restored from a backup, it would be trained or
+    measured as it stands, its result belonging to no config."""
     for path, digest in (json.loads(expected) if expected else {}).items():
+        if digest == RECORDED:
+            problem = recorded_problem(path)
+            if problem is not None:
+                raise ConfigError(
+                    f"{path} {problem}; delete it and rerun the same snakemake command: the workflow writes "
+                    "it again"
+                )
+            continue
         try:
             text = Path(path).read_text(encoding="utf-8")
             content = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)

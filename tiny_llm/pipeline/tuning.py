@@ -44,6 +44,7 @@ class TuningPlan:
             except ConfigError as exc:
                 raise ConfigError(f"tuning.profiles.{name}: {exc}") from None
             files.add(self.profile_file(name), mapping, stage="tuning")
+            files.add_recorded([fill(TUNING_PLAN, profile=name), fill(TUNING_SELECTED, profile=name)])
 
     def check_profile(self, name: str, where: str) -> None:
         if name not in self.profiles:

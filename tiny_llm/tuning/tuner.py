@@ -24,6 +24,7 @@ import yaml
 
 from tiny_llm.errors import ConfigError, RunStateError, TinyLLMError
 from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_json_mapping
+from tiny_llm.recorded import write_recorded_yaml
 from tiny_llm.tuning.candidates import (
     CONDITIONAL_STAGES,
     NOISE_RULE,
@@ -379,7 +380,7 @@ def select(
         f"({best['tokens_per_second']:.1f} tokens/s, window noise "
         f"{float(best.get('noise_tokens_per_second') or 0.0):.1f}){kept} (summary.json: selection)\n"
     )
-    atomic_write_text(out / "selected.yaml", header + yaml.safe_dump(best["recipe"], sort_keys=False))
+    write_recorded_yaml(out / "selected.yaml", best["recipe"], "tune select", comment=header)
     return summary
 
 
