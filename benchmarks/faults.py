@@ -14,15 +14,20 @@ compare with the same reference.
 
 A demo-like campaign on the CPU in deterministic mode (toy sizes, one stage-1 learning rate absurd enough to
 diverge) is run once without faults (the reference) and once per seed with ``--faults`` faults injected at
-random times (seeded). After every fault the same ``snakemake`` command is run again until it succeeds. The
-faults, drawn in turn from a seeded shuffle of the kinds:
+random times (seeded). After every session a dry run says how many jobs are left; the same ``snakemake``
+command is run again until a session exits 0 *and* its dry run has nothing to do (a session that exits 0 with
+jobs left is counted: ``exit_0_with_jobs_left``, goal 0). The faults, drawn in turn from a seeded shuffle of
+the kinds:
 
 - ``kill_job``: kill -9 of a random running training process;
 - ``sigterm_controller`` / ``sigint_controller``: SIGTERM / SIGINT to the Snakemake controller alone;
 - ``kill_controller``: kill -9 of the controller (its jobs are orphaned and run on), then
   `snakemake --unlock`;
 - ``truncate_latest``: the ``latest.pt`` of a random interrupted run (unfinished, no trainer on it) cut to a
-  random length, during a session or between two.
+  random length, during a session or between two;
+- ``kill_controller_in_local_job``: kill -9 of the controller while one of its local jobs (``campaign plan``,
+  ``select``, ``rank``, the report) runs, once the next one starts; the job is left to finish as an orphan,
+  then `snakemake --unlock`.
 
 Then every run's final weights (sha256 of final.safetensors), result.json, metrics.jsonl and best.json, every
 stage ranking, the report's comparison.json and selected recipes are compared with the reference's: they
@@ -200,6 +205,9 @@ def run(
                     {**asdict(f), "recovery_seconds": recovery_seconds(target, f)} for f in record.faults
                 ],
                 "sessions": [asdict(x) for x in record.sessions],
+                "exit_0_with_jobs_left": sum(
+                    1 for x in record.sessions if x.returncode == 0 and x.jobs_left != 0
+                ),
                 "damaged_states_set_aside": corrupt,
                 "runs_compared": sum(key.endswith("/final.safetensors") for key in expected),
                 "differences": diff,
@@ -215,6 +223,7 @@ def run(
         "total_faults": sum(r["faults_injected"] for r in results),
         "total_reruns": sum(r["reruns"] for r in results),
         "total_differences": sum(len(r["differences"]) for r in results),
+        "total_exit_0_with_jobs_left": sum(r["exit_0_with_jobs_left"] for r in results),
     }
 
 
@@ -247,7 +256,7 @@ def main() -> int:
         args.workdir, seeds, args.faults, args.shape, args.cores, kinds=args.kinds, executor=args.executor
     )
     emit(report, args.output)
-    return 0 if report["total_differences"] == 0 else 1
+    return 0 if report["total_differences"] == 0 and report["total_exit_0_with_jobs_left"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,19 @@ from typing import Any
 
 from snakemake_driver import snakemake_command as repository_snakemake
 
+LOCAL_JOB_COMMANDS = (
+    ["campaign", "plan"],
+    ["campaign", "select"],
+    ["campaign", "rank"],
+    ["report"],
+    ["tune", "select"],
+)
+"""The campaign's local jobs (they run beside the controller, on Slurm too), by their command's words."""
+LOCAL_JOB_KIND = "kill_controller_in_local_job"
+"""kill -9 of the controller while one of its local jobs (plan, select, rank, report) runs, the job left to
+finish as an orphan, then `--unlock`: the kind of fault that once let a rerun exit 0 with the campaign
+unfinished (Snakemake skipped every job after the rerun local job's outputs)."""
+
 
 def snakemake_command(workdir: Path, launch: list[str], *args: str) -> list[str]:
     """``launch``: how jobs run, ``["--cores", "2"]`` or ``["--workflow-profile", DIR]`` (Slurm)."""
@@ -29,6 +42,19 @@ def run_snakemake(workdir: Path, launch: list[str], *args: str, log: str, timeou
     with open(workdir / log, "a") as out:
         command = snakemake_command(workdir, launch, *args)
         return subprocess.run(command, timeout=timeout, **_process_options(workdir, out)).returncode
+
+
+def dry_run_jobs(workdir: Path, launch: list[str]) -> int:
+    """How many jobs `snakemake -n campaign` lists (0: nothing to be done), or -1 when it failed."""
+    command = snakemake_command(workdir, launch, "campaign", "-n")
+    proc = subprocess.run(command, text=True, timeout=600, **_process_options(workdir, subprocess.PIPE))
+    out = proc.stdout
+    if proc.returncode != 0:
+        return -1
+    if "Nothing to be done" in out:
+        return 0
+    totals = [line.split()[1] for line in out.splitlines() if line.startswith("total ")]
+    return int(totals[0]) if totals else -1
 
 
 def start_controller(workdir: Path, launch: list[str]) -> subprocess.Popen:

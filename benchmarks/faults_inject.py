@@ -12,10 +12,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faults_driver import is_idle, run_snakemake, start_controller, trainers, wait_for_no_trainers
+from faults_driver import (
+    LOCAL_JOB_COMMANDS,
+    LOCAL_JOB_KIND,
+    dry_run_jobs,
+    is_idle,
+    kill_controller_during,
+    local_jobs,
+    run_snakemake,
+    start_controller,
+    trainers,
+    wait_for_no_trainers,
+)
 from faults_slurm import SLURMD_KIND, cancel_slurm_jobs, inject_slurm
 
-KINDS = ("kill_job", "sigterm_controller", "sigint_controller", "kill_controller", "truncate_latest")
+KINDS = (
+    "kill_job",
+    "sigterm_controller",
+    "sigint_controller",
+    "kill_controller",
+    "truncate_latest",
+    LOCAL_JOB_KIND,
+)
 
 
 SAVE_WINDOW_SECONDS = 30.0
@@ -76,6 +94,8 @@ class Session:
     faults: int
     returncode: int
     seconds: float
+    jobs_left: int = 0
+    """Jobs `snakemake -n` listed after it (0: nothing to be done; -1: the dry run failed)."""
 
 
 @dataclass
@@ -103,6 +123,11 @@ def inject(kind: str, controller: subprocess.Popen | None, workdir: Path, rng: r
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         return str(running[pid].relative_to(workdir))
+    if kind == LOCAL_JOB_KIND:  # waits for one: the faults due meanwhile wait behind it
+        running = [words for words in LOCAL_JOB_COMMANDS if local_jobs(workdir, words)]
+        if not running or kill_controller_during(controller, workdir, running[0]) is None:
+            return None
+        return f"controller {controller.pid} during `{' '.join(running[0])}`"
     if kind == "truncate_latest":  # the state an interrupted run resumes from (a running one overwrites it)
         states = sorted(workdir.glob("results/campaign/stage*/*/latest.pt"))
         idle = [p for p in states if not (p.parent / "result.json").exists() and is_idle(p.parent)]
@@ -189,22 +214,24 @@ def run_with_faults(
                     index = len(record.faults)  # a truncation after the next fault, which may interrupt one
                     if kind == "truncate_latest" and index + 1 < len(plan):
                         plan.insert(index + 1, plan.pop(index))
-                    retry_at = now + 0.5
+                    retry_at = now + (0.0 if kind == LOCAL_JOB_KIND else 0.5)  # local jobs last a second
                     continue
                 session = len(record.sessions) + 1
                 record.faults.append(Fault(kind, session, round(now - session_start, 2), target, runs, wall))
                 injected += 1
-                killed = killed or kind == "kill_controller"
+                killed = killed or kind in ("kill_controller", LOCAL_JOB_KIND)
             time.sleep(0.05)
         elapsed = time.monotonic() - session_start
         ran_before += elapsed
-        record.sessions.append(Session(injected, controller.returncode, round(elapsed, 1)))
+        session = Session(injected, controller.returncode, round(elapsed, 1))
+        record.sessions.append(session)
         if killed:  # Snakemake's lock outlives a controller killed with -9
             record.unlocks += 1
             if "--workflow-profile" in launch:  # its Slurm jobs run on: cancel them (README, "Slurm")
                 cancel_slurm_jobs(workdir)
             run_snakemake(workdir, launch, "campaign", "--unlock", log="controller.log")
-        if controller.returncode == 0:  # complete (faults not injected by then are left out)
+        session.jobs_left = dry_run_jobs(workdir, launch)  # exit 0 is complete only if nothing is left
+        if controller.returncode == 0 and session.jobs_left == 0:  # faults not yet injected are left out
             break
     wait_for_no_trainers(workdir, timeout=120)  # orphans of a killed controller finish their run
     record.seconds = round(time.monotonic() - started, 1)

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from faults_driver import trainers
+from faults_driver import LOCAL_JOB_KIND, trainers
 from snakemake_driver import REPO
 
-SLURM_KINDS = ("scancel", "time_limit", "requeue", "node_down", "kill_controller")
+SLURM_KINDS = ("scancel", "time_limit", "requeue", "node_down", "kill_controller", LOCAL_JOB_KIND)
 """Faults of ``--executor slurm``: `scancel` of a training job, its time limit cut to what it has run,
 `scontrol requeue` (as preemption does), its node set DOWN (then resumed), kill -9 of the controller (then its
-jobs are cancelled, as the README says, and `--unlock`)."""
+jobs are cancelled, as the README says, and `--unlock`), also while one of its local jobs runs."""
 SLURMD_KIND = "kill_slurmd"
 """Opt-in (``--kinds``): kill -9 of the slurmd of the node running a training job, this machine's (a local
 cluster, as root), restarted ``SLURMD_DOWN_SECONDS`` later with its own command line. Its jobs run on."""

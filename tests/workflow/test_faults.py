@@ -34,6 +34,8 @@ def test_faulted_campaign_equals_the_uninterrupted_one(faults: tuple[dict[str, A
     assert seed["reruns"] >= 1 and seed["runs_compared"] == 4
     assert seed["differences"] == [], json.dumps(seed, indent=1)
     assert report["total_differences"] == 0
+    # exit 0 means complete: no session exited 0 with jobs left, and the last left none
+    assert seed["exit_0_with_jobs_left"] == 0 and seed["sessions"][-1]["jobs_left"] == 0, seed["sessions"]
 
 
 def test_a_diverged_grid_point_ranks_last_and_the_campaign_goes_on(
