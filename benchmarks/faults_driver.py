@@ -139,6 +139,7 @@ def kill_controller_during_write(controller: subprocess.Popen, workdir: Path, wr
     False when the controller ended first."""
     fifo = workdir / log
     fifo.parent.mkdir(parents=True, exist_ok=True)
+    fifo.unlink(missing_ok=True)  # an earlier job's log (the job writes it anew)
     os.mkfifo(fifo)
     try:
         while controller.poll() is None:
