@@ -125,6 +125,7 @@ class CampaignLayout:
     recipe: str = "{campaign}/{stage}/{run}/recipe.yaml"
     result: str = "{campaign}/{stage}/{run}/result.json"
     ranking: str = "{campaign}/{stage}/ranking.json"
+    tie_round: str = "{campaign}/{stage}/ties/round-{round}.json"
     selected: str = "{campaign}/report/selected-{size}.yaml"
     report_table: str = "{campaign}/report/report.md"
     report_table_html: str = "{campaign}/report/table.html"
