@@ -141,6 +141,11 @@ rule report_campaign:
             caption="../report/campaign-curves.rst",
             category="Recipe campaign",
         ),
+        intervals=report(
+            CAMPAIGN_FILES.intervals,
+            caption="../report/campaign-intervals.rst",
+            category="Recipe campaign",
+        ),
     log:
         "logs/report_campaign/campaign.log",
     localrule: True

@@ -89,7 +89,11 @@ def runs(tmp_path: Path) -> Path:
 
 
 def parse_table(markdown: str) -> list[list[str]]:
-    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    """The first table of a Markdown text (the runs; the noise floor's tables follow it)."""
+    text = markdown.splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("|"))
+    end = next((i for i in range(start, len(text)) if not text[i].startswith("|")), len(text))
+    lines = text[start:end]
     assert [c.strip() for c in lines[0].strip("|").split("|")] == list(TABLE_HEADER)
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
 

@@ -131,6 +131,7 @@ class CampaignLayout:
     report_table_html: str = "{campaign}/report/table.html"
     report_comparison: str = "{campaign}/report/comparison.json"
     report_curves: str = "{campaign}/report/learning-curves.png"
+    intervals: str = "{campaign}/report/intervals.png"
 
     def under(self, root: str) -> CampaignLayout:
         """The same patterns with the root filled in (the other wildcards kept)."""

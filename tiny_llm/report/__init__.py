@@ -11,7 +11,7 @@
 - ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
   configurations with their final loss as mean ± SD;
 - ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
-- ``intervals.png`` (configurations with several seeds): per stage, each configuration's mean with its 95%
+- ``intervals.png`` (a campaign, or configurations with several seeds): per stage, each configuration's mean with its 95%
   interval, the seeds and the promotion cut (``noise``); report.md and table.html then add a section per
   stage: mean ± SE, bits per byte, the difference to the best with Welch's interval and verdict, the pooled
   SD, the smallest detectable difference and whether the cut is inside the noise;
@@ -111,17 +111,18 @@ def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | N
     out = claim_output_dir(out_dir, "--output-dir", ours=earlier_report)
     noises = attach_noise(configurations, promoted_counts(runs_dir))
     rows = [r.row() for r in records]
-    if (Path(runs_dir) / "campaign.json").is_file():  # a campaign: one aggregate row per configuration
+    campaign = (Path(runs_dir) / "campaign.json").is_file()
+    if campaign:  # one aggregate row per configuration, one per stage
         rows += [c.row() for c in configurations] + stage_rows(configurations, noises)
     atomic_write_json(out / "comparison.json", rows)
     plot_curves(records, out / "learning-curves.png")
-    seeded = any(len(c.members) > 1 for c in configurations)
-    if seeded:  # the noise floor needs seeds: intervals.png and the section
+    compared = campaign or any(len(c.members) > 1 for c in configurations)
+    if compared:  # seeds to compare, or a campaign's cuts (untested with one seed): intervals.png, a section
         plot_intervals(configurations, noises, out / "intervals.png")
     for size, c in best.items():
         atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(c, size))
-    md = noise_markdown(configurations, noises) if seeded else None
-    html = noise_html(configurations, noises) if seeded else None
+    md = noise_markdown(configurations, noises) if compared else None
+    html = noise_html(configurations, noises) if compared else None
     atomic_write_text(out / "report.md", markdown(records, configurations, best, md))
     atomic_write_text(out / "table.html", table_html(records, configurations, best, html))
     return {

@@ -127,7 +127,8 @@ def markdown(
     best: dict[str, ConfigurationRecord],
     noise: list[str] | None = None,
 ) -> str:
-    """report.md; ``noise``: the noise-floor section's lines, after the configurations (seeded reports)."""
+    """report.md; ``noise``: the noise-floor section's lines, after the configurations (without seeds: after
+    the runs)."""
     lines = ["# Run comparison", ""]
     seeded = _seeded(configurations)
     if seeded:
@@ -141,6 +142,8 @@ def markdown(
     note = _diverged_note(records, seeded)
     if note:
         lines += ["", note]
+    if not seeded and noise:
+        lines += ["", *noise]
     lines += ["", "## Best configuration per size" if seeded else "## Best run per size", ""]
     for size, c in best.items():
         lines.append(f"- {size}: {_describe_best(c)} -> `selected-{size}.yaml`")
@@ -196,7 +199,7 @@ def table_html(
     noise: list[str] | None = None,
 ) -> str:
     """The report.md tables as a standalone HTML page (what the Snakemake HTML report embeds); ``noise``: the
-    noise-floor section's HTML, after the configurations (seeded reports)."""
+    noise-floor section's HTML, after the configurations (without seeds: after the runs)."""
     seeded = _seeded(configurations)
     best_configurations = {(c.stage, c.configuration) for c in best.values()}
     best_runs = set() if seeded else {c.first.run for c in best.values()}
@@ -227,6 +230,8 @@ def table_html(
     note = _diverged_note(records, seeded)
     if note:
         parts.append(f"<p>{escape(note)}</p>")
+    if not seeded:
+        parts += noise or []
     parts.append(f"<h2>{'Best configuration per size' if seeded else 'Best run per size'}</h2><ul>")
     for size, c in best.items():
         text = _describe_best(c).replace("`", "")
