@@ -11,10 +11,10 @@
 - ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
   configurations with their final loss as mean ± SD;
 - ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
-- ``intervals.png`` (a campaign, or configurations with several seeds): per stage, each configuration's mean with its 95%
-  interval, the seeds and the promotion cut (``noise``); report.md and table.html then add a section per
-  stage: mean ± SE, bits per byte, the difference to the best with Welch's interval and verdict, the pooled
-  SD, the smallest detectable difference and whether the cut is inside the noise;
+- ``intervals.png`` (a campaign, or configurations with several seeds): per stage, each configuration's mean
+  with its 95% interval, the seeds and the promotion cut (``noise``); report.md and table.html then add a
+  section per stage: mean ± SE, bits per byte, the difference to the best with Welch's interval and verdict,
+  the pooled SD, the smallest detectable difference and whether the cut is inside the noise;
 - ``learning-curves.png``: per size, the training loss of the logged windows and the subset validation
   loss vs training tokens; a configuration with several seeds is drawn as their mean with the seeds'
   range as a band;
