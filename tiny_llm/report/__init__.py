@@ -5,9 +5,10 @@
 
 - ``comparison.json``: one row per run {kind "run", run, stage, preset, parameters, lr,
   weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes, beta1, seed,
-  configuration, status}; for a campaign (a ``campaign.json`` in ``runs_dir``) also one row per
-  configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n, runs, seeds,
-  diverged, ...};
+  configuration, status, optimizer, muon_lr, bpb}; for a campaign (a ``campaign.json`` in ``runs_dir``) also
+  one row per configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n,
+  runs, seeds, diverged, ..., bpb_mean, bpb_sd, loss_se, versus_best, promoted, cut} and one per stage
+  {kind "stage", pooled_sd, dof, seeds, detectable_difference, cut};
 - ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
   configurations with their final loss as mean ± SD;
 - ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
