@@ -126,7 +126,8 @@ def describe_stage(stage: str | None, noise: StageNoise) -> str:
     else:
         detect = fmt(noise.detectable, "loss")
         floor = (
-            f"{name}: pooled SD {fmt(noise.pooled_sd, 'loss')} ({noise.dof} degrees of freedom); at "
+            f"{name}: pooled SD {fmt(noise.pooled_sd, 'loss')} ({noise.dof} degree{'s' * (noise.dof != 1)} of "
+            "freedom); at "
             f"{noise.seeds} seeds a configuration the smallest detectable difference is {detect}."
         )
     cut = noise.cut
@@ -241,7 +242,9 @@ def _panel(ax: Any, stage: str | None, noise: StageNoise, members: list[Configur
         label = f"cut: {verdict}" + ("" if p_value is None else f" (p = {p_value:.2g})")
         ax.axhline(noise.cut.promoted - 0.5, color=color, linestyle="--", linewidth=1.5, label=label)
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
-    ax.set_yticks(range(len(members)), [c.configuration for c in members], fontsize=8)
+    ax.set_yticks(
+        range(len(members)), [f"{c.configuration} (n={len(c.members)})" for c in members], fontsize=8
+    )
     ax.invert_yaxis()
     detect = "" if noise.detectable is None else f", detectable difference {noise.detectable:.3g}"
     sd = "" if noise.pooled_sd is None else f"; pooled SD {noise.pooled_sd:.3g} ({noise.dof} dof){detect}"
