@@ -124,11 +124,10 @@ def describe_stage(stage: str | None, noise: StageNoise) -> str:
     if noise.pooled_sd is None:
         floor = f"{name}: no configuration has two seeds, so there is no noise floor to test against."
     else:
-        detect = fmt(noise.detectable, "loss")
+        detect, dof = fmt(noise.detectable, "loss"), f"{noise.dof} degree{'s' * (noise.dof != 1)} of freedom"
         floor = (
-            f"{name}: pooled SD {fmt(noise.pooled_sd, 'loss')} ({noise.dof} degree{'s' * (noise.dof != 1)} of "
-            "freedom); at "
-            f"{noise.seeds} seeds a configuration the smallest detectable difference is {detect}."
+            f"{name}: pooled SD {fmt(noise.pooled_sd, 'loss')} ({dof}); at {noise.seeds} seeds a "
+            f"configuration the smallest detectable difference is {detect}."
         )
     cut = noise.cut
     if cut is None:
