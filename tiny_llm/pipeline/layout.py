@@ -73,6 +73,15 @@ HORIZONS_TABLE = "results/report/horizons/report.md"
 HORIZONS_SUMMARY = "results/report/horizons/horizons.json"
 HORIZONS_PLOT = "results/report/horizons/loss-vs-horizon.png"
 
+# ----------------------------------------------------------------------------- noise study
+# <noise_run> is <size>-<source>-s<seed>: source init (runtime.seed varies), data (training.data_seed), both.
+NOISE_RUN_DIR = "results/noise/{noise_run}"
+NOISE_RECIPE = "results/noise/{noise_run}/recipe.yaml"
+NOISE_RESULT = "results/noise/{noise_run}/result.json"
+NOISE_TABLE = "results/report/noise/report.md"
+NOISE_SUMMARY = "results/report/noise/noise.json"
+NOISE_PLOT = "results/report/noise/noise.png"
+
 # ----------------------------------------------------------------------------- throughput map
 # <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).
 THROUGHPUT_RECIPE = "results/throughput/{size}/recipe.yaml"

@@ -121,7 +121,7 @@ class Trainer:
             self.cache,
             context_length=self.recipe.model.context_length,
             num_blocks=self.budget.num_blocks,
-            seed=self.recipe.runtime.seed,
+            seed=self.recipe.data_seed,
             buffer_size_mib=self.recipe.data.buffer_size_mib,
             prefetch=self.recipe.data.prefetch,
             passes=self.budget.data_passes,
