@@ -95,6 +95,9 @@ def test_a_stage_marks_its_cut_and_compares_each_configuration_with_the_best() -
     assert noise.dof == 8 and noise.seeds == 3
     assert noise.detectable == pytest.approx(sig.detectable_difference(noise.pooled_sd, 3))
     assert sig.contested(ranked, 2) == ["b", "c"]  # a is better than c, d worse than b
+    close = {"a": [3.03, 3.05, 3.04], **{k: v for k, v in ranked.items() if k != "a"}}  # a near c too
+    assert sig.contested(close, 2) == ["a", "b", "c"]
+    assert sig.contested({"x": [3.0, 3.1], "y": [3.05, math.inf], "z": [4.0, 4.1]}, 1) == []  # y diverged
     assert not sig.stage_noise(ranked, promoted=3).cut.inside_noise  # c against d: a clear cut
     assert sig.contested(ranked, 3) == []
     assert sig.stage_noise(ranked, promoted=4).cut is None
