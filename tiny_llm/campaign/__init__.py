@@ -15,8 +15,9 @@ campaign's own; where the directory and the tuning results live is the
 caller's choice.
 
 Modules: ``stages`` (settings, run ids, paths), ``templates`` (recipes),
-``ranking``, ``identity``, ``estimate`` (GPU hours) and ``steps`` (plan, rank
-and select on the campaign's files).
+``ranking``, ``significance`` (how sure a ranking and its promotion cut are),
+``identity``, ``estimate`` (GPU hours) and ``steps`` (plan, rank, select and
+the tie-resolving rounds on the campaign's files).
 """
 
 from tiny_llm.campaign.estimate import (
