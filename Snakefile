@@ -85,6 +85,7 @@ include: "rules/packed.smk"
 include: "rules/export.smk"
 include: "rules/analysis.smk"
 include: "rules/horizons.smk"
+include: "rules/noise.smk"
 include: "rules/throughput.smk"
 
 
@@ -141,6 +142,11 @@ rule horizons:
     input:
         PLAN.targets("horizons"),
         PLAN.stamps("horizons"),
+
+
+rule noise:
+    input:
+        PLAN.targets("noise"),
 
 
 rule throughput:

@@ -78,6 +78,7 @@ rule select_run:
         results=campaign_parent_results,
         recipes=campaign_parent_recipes,
         template=campaign_template,
+        ties=campaign_parent_ties,
     output:
         CAMPAIGN_FILES.recipe,
     log:
@@ -100,6 +101,7 @@ rule rank_stage:
     input:
         settings=CAMPAIGN_FILES.settings,
         results=campaign_stage_results,
+        ties=campaign_stage_ties,
     output:
         CAMPAIGN_FILES.ranking,
     log:
@@ -142,6 +144,11 @@ rule report_campaign:
             caption="../report/campaign-curves.rst",
             category="Recipe campaign",
         ),
+        intervals=report(
+            CAMPAIGN_FILES.intervals,
+            caption="../report/campaign-intervals.rst",
+            category="Recipe campaign",
+        ),
     log:
         "logs/report_campaign/campaign.log",
     localrule: True
@@ -153,3 +160,61 @@ rule report_campaign:
         sizes=words(PLAN.campaign.report_flags()),
     shell:
         "python -m tiny_llm report --runs {params.runs:q} --output-dir {params.outdir:q} {params.sizes:q} > {log:q} 2>&1"
+
+
+# campaign.promotion.resolve_ties: where a stage's cut is inside the seeds' noise, each round adds seeds to the
+# configurations on either side of it and tests again. Which runs a round adds depends on the results, so a
+# round is a checkpoint; its extra seeds (<configuration>-tie<round>-s<seed>) get their recipes from add_seed,
+# an ordinary output, and train through train_campaign. rank_stage and select_run walk the decided rounds
+# (pipeline/campaign.py); without the rule there are no rounds and the DAG is the reference's.
+
+
+checkpoint resolve_cut:
+    input:
+        settings=ancient(CAMPAIGN_FILES.settings),
+        results=campaign_stage_results,
+        earlier=campaign_earlier_ties,
+    output:
+        CAMPAIGN_FILES.tie_round,
+    log:
+        "logs/resolve_cut/{stage}/round-{round}.log",
+    wildcard_constraints:
+        stage=r"stage\d+",
+        round=r"[1-9][0-9]*",
+    localrule: True
+    conda:
+        "../envs/report.yaml"
+    params:
+        plan=plan_file_digests,
+        stage=campaign_stage_number,
+    shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "python -m tiny_llm campaign resolve --settings {input.settings:q} --stage {params.stage:q} "
+        "--round {wildcards.round:q} > {log:q} 2>&1"
+
+
+rule add_seed:
+    input:
+        settings=ancient(CAMPAIGN_FILES.settings),
+        decision=campaign_tie_decision,
+        source=campaign_tie_source,
+    output:
+        CAMPAIGN_FILES.recipe,
+    log:
+        "logs/add_seed/{stage}/{run}.log",
+    wildcard_constraints:
+        stage=r"stage\d+",
+        run=PLAN.campaign.tie_run_pattern,
+    localrule: True
+    conda:
+        "../envs/report.yaml"
+    params:
+        plan=plan_file_digests,
+        stage=campaign_stage_number,
+    shell:
+        "TINY_LLM_PLAN_FILES={params.plan:q} "
+        "python -m tiny_llm campaign add-seed --settings {input.settings:q} --stage {params.stage:q} "
+        "--run {wildcards.run:q} > {log:q} 2>&1"
+
+
+ruleorder: add_seed > select_run

@@ -50,6 +50,11 @@ from tiny_llm.pipeline.layout import (
     HORIZONS_TABLE,
     HORIZONS_TRUNK_RECIPE,
     HORIZONS_TRUNK_STOPPED,
+    NOISE_PLOT,
+    NOISE_RECIPE,
+    NOISE_RESULT,
+    NOISE_SUMMARY,
+    NOISE_TABLE,
     PACKED_BENCH_PLOT,
     PACKED_BENCH_RECIPE,
     PACKED_BENCH_RESULT,
@@ -237,6 +242,31 @@ def campaign_root(wildcards, output) -> str:
 
 def campaign_thread_flags(wildcards, threads) -> list[str]:
     return words(PLAN.campaign.thread_flags(wildcards.run, threads))
+
+
+def campaign_tie_round(stage, round_) -> str:
+    """A decided tie-resolving round's file, read through the checkpoint (the walk stops at one not decided)."""
+    return checkpoints.resolve_cut.get(stage=stage, round=round_).output[0]
+
+
+def campaign_stage_ties(wildcards) -> list[str]:
+    return PLAN.campaign.tie_inputs(wildcards.stage, campaign_tie_round)
+
+
+def campaign_parent_ties(wildcards) -> list[str]:
+    return PLAN.campaign.tie_inputs(PLAN.campaign.previous(wildcards.stage), campaign_tie_round)
+
+
+def campaign_earlier_ties(wildcards) -> list[str]:
+    return PLAN.campaign.tie_inputs(wildcards.stage, campaign_tie_round, before=wildcards.round)
+
+
+def campaign_tie_decision(wildcards) -> str:
+    return or_exit(PLAN.campaign.tie_decision, wildcards.stage, wildcards.run)
+
+
+def campaign_tie_source(wildcards) -> str:
+    return or_exit(PLAN.campaign.tie_source, wildcards.stage, wildcards.run)
 
 
 # ----------------------------------------------------------------------------- export

@@ -174,6 +174,9 @@ class TrainingConfig:
     """Passes over the training tokens: the run trains on the cache's first ceil(blocks / data_passes) blocks,
     each pass in its own seeded order. 1 (default): every training token is new; more repeats data on purpose
     (a small corpus), recorded in the recipe and its identity."""
+    data_seed: int | None = field(default=None, metadata={"late": True})
+    """Seed of the training data's order; null (default) = runtime.seed, which then seeds both the initial
+    weights and the order. Set apart, the two sources of seed noise vary one at a time (a noise study)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +289,12 @@ class RecipeConfig:
     """Packed decentralized training; null = one ordinary model."""
     tracking: TrackingConfig | None = None
     """TensorBoard / W&B; null = none (or $TINY_LLM_TRACKING, which the workflow sets)."""
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the training data's order: training.data_seed, else runtime.seed."""
+        seed = self.training.data_seed
+        return self.runtime.seed if seed is None else seed
 
 
 # Fields that never change what a run computes, so a resume may change them.
@@ -487,6 +496,8 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
             f"training.micro_batch_size: {t.micro_batch_size} sequences exceed the "
             f"{t.batch_tokens // m.context_length} sequences of one update (training.batch_tokens)"
         )
+    if t.data_seed is not None and t.data_seed < 0:
+        problems.append(f"training.data_seed: must be >= 0 or null, got {t.data_seed}")
     group = recipe.data.shuffle_group_size
     if group is not None and group < 1:
         problems.append(f"data.shuffle_group_size: must be >= 1 or null, got {group}")

@@ -770,3 +770,128 @@ def test_the_schema_names_sizes_with_the_library_pattern():
 
     schema = load_schema(str(Path(__file__).parents[2] / "schemas" / "workflow_config.schema.yaml"))
     assert schema["$defs"]["name"]["pattern"] == NAME_PATTERN
+
+
+# ----------------------------------------------------------------------------- noise floor and the cut
+
+
+def test_ranking_rows_say_how_sure_the_ranking_and_its_cut_are():
+    ranked = campaign.rank_configurations(
+        seeds_of("a", [3.00, 3.01, 3.02])
+        + seeds_of("b", [3.05, 3.06, 3.04], lr=2e-3)
+        + seeds_of("c", [3.051, 3.07, 3.045], lr=3e-3)
+        + seeds_of("d", [3.50, 3.52, 3.51], lr=4e-3)
+    )
+    rows = campaign.ranking_rows(ranked, promoted=2)
+    assert [r["promoted"] for r in rows] == [True, True, False, False]
+    assert rows[0]["versus_best"] is None and rows[3]["versus_best"]["verdict"] == "worse"
+    assert rows[1]["cut"]["side"] == "last promoted" and rows[2]["cut"]["side"] == "first left behind"
+    assert rows[1]["cut"]["inside_noise"] and rows[1]["cut"]["verdict"] == "within noise"
+    assert "cut" not in rows[0] and "cut" not in rows[3]
+    floor = rows[0]["noise_floor"]
+    assert floor["dof"] == 8 and floor["seeds"] == 3 and floor["detectable_difference"] > floor["pooled_sd"]
+    assert rows[0]["loss_se"] == pytest.approx(0.01 / math.sqrt(3))
+    assert all(r["bpb"] is None for r in rows)  # results without bits per byte (earlier runs)
+    assert campaign.ranking_rows(ranked)[1]["promoted"] is None  # the stage's cut unknown: not marked
+    assert "cut" not in campaign.ranking_rows(ranked)[1]
+
+
+def test_ranking_rows_carry_bits_per_byte_over_the_seeds():
+    result = {"final_validation": {"loss": 3.0, "bpb": 1.2}}
+    recipe = {"optimizer": {"lr": 1e-3, "weight_decay": 0.1, "beta2": 0.95}}
+    runs = [
+        outcome_from(f"a-s{i}", {**result, "final_validation": {"loss": 3.0, "bpb": b}}, recipe, "a", i)
+        for i, b in enumerate([1.2, 1.4])
+    ]
+    row = campaign.ranking_rows(campaign.rank_configurations(runs))[0]
+    assert row["bpb"] == pytest.approx(1.3) and row["bpb_sd"] == pytest.approx(math.sqrt(0.02))
+    assert row["run_bpb"] == [1.2, 1.4]
+
+
+def tie_config(tmp_path: Path, rounds: int = 2) -> campaign.CampaignConfig:
+    config = tiny_config(tmp_path)
+    section = {
+        "stages": [
+            {"size": "s", "lr": [1e-3, 2e-3, 3e-3, 4e-3], "seeds": [1, 2]},
+            {"size": "m", "parents": 2},
+        ],
+        "promotion": {"resolve_ties": {"extra_seeds": 2, "max_rounds": rounds}},
+    }
+    sizes = {k: dict(v) for k, v in config.sizes.items() if k in ("s", "m")}
+    return campaign.parse_campaign(section, sizes, str(tmp_path / "ties"))
+
+
+def test_a_cut_inside_the_noise_gets_extra_seeds_until_it_holds(tmp_path, capsys):
+    config = tie_config(tmp_path)
+    settings = settings_arg(config)
+    assert run_cli("campaign", "plan", "--settings", settings) == 0
+    # lr 0.002 and 0.003 straddle the cut, 0.001 is clearly better than both, 0.004 clearly worse
+    losses = {"s-lr0.001-wd0.1-s1": 3.00, "s-lr0.001-wd0.1-s2": 3.01}
+    losses |= {"s-lr0.002-wd0.1-s1": 3.20, "s-lr0.002-wd0.1-s2": 3.24}
+    losses |= {"s-lr0.003-wd0.1-s1": 3.26, "s-lr0.003-wd0.1-s2": 3.28}
+    losses |= {"s-lr0.004-wd0.1-s1": 4.00, "s-lr0.004-wd0.1-s2": 4.02}
+    fake_results(config, "stage1", losses)
+    assert campaign.tie_rounds(config, 0) == [1, 2]
+    assert campaign.tie_rounds(config, 1) == [1, 2]  # the last stage's selection of its best, too
+    assert campaign.tie_rounds(tiny_config(tmp_path), 0) == []  # no rule, no rounds
+    capsys.readouterr()
+    assert run_cli("campaign", "resolve", "--settings", settings, "--stage", "1", "--round", "1") == 0
+    assert "seeds [3, 4] for s-lr0.002-wd0.1, s-lr0.003-wd0.1" in capsys.readouterr().out
+    decision = json.loads(Path(campaign.tie_round_path(config, "stage1", 1)).read_text())
+    assert decision["cut"]["inside_noise"] and decision["contested"] == ["s-lr0.002-wd0.1", "s-lr0.003-wd0.1"]
+    extra = [e["run"] for e in decision["runs"]]
+    assert extra == [
+        "s-lr0.002-wd0.1-tie1-s3",
+        "s-lr0.002-wd0.1-tie1-s4",
+        "s-lr0.003-wd0.1-tie1-s3",
+        "s-lr0.003-wd0.1-tie1-s4",
+    ]
+    add_seed = ("campaign", "add-seed", "--settings", settings, "--stage", "1", "--run")
+    assert all(run_cli(*add_seed, run) == 0 for run in extra)
+    recipe = yaml.safe_load(Path(campaign.recipe_path(config, "stage1", extra[1])).read_text())
+    source = yaml.safe_load(Path(campaign.recipe_path(config, "stage1", "s-lr0.002-wd0.1-s1")).read_text())
+    assert recipe["runtime"]["seed"] == 4 and recipe["runtime"]["output_dir"].endswith(extra[1])
+    assert {k: v for k, v in recipe.items() if k != "runtime"} == {
+        k: v for k, v in source.items() if k != "runtime"
+    }
+    assert run_cli(*add_seed, "s-lr0.002-wd0.1-tie2-s5") == 2
+    assert "no extra seed that a decided tie-resolving round of stage1 added" in capsys.readouterr().err
+    # the extra seeds tell the two apart: round 2 finds the cut holds (and ranks with every seed)
+    fake_results(config, "stage1", dict(zip(extra, [3.21, 3.23, 3.27, 3.27], strict=True)))
+    assert run_cli("campaign", "resolve", "--settings", settings, "--stage", "1", "--round", "2") == 0
+    assert "the cut holds" in capsys.readouterr().out
+    assert campaign.tie_decisions(config, 0)[-1]["runs"] == []
+    assert run_cli("campaign", "select", "--settings", settings, "--stage", "2") == 0
+    ranking = json.loads((Path(config.root) / "stage1" / "ranking.json").read_text())
+    assert [r["n"] for r in ranking] == [2, 4, 4, 2] and ranking[1]["configuration"] == "s-lr0.002-wd0.1"
+    assert ranking[1]["cut"]["inside_noise"] is False and ranking[1]["seeds"] == [1, 2, 3, 4]
+    assert run_cli("campaign", "resolve", "--settings", settings, "--stage", "1", "--round", "3") == 2
+    assert "no tie-resolving round 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            {"extra_seeds": 0},
+            "campaign.promotion.resolve_ties.extra_seeds: expected a positive integer, got 0",
+        ),
+        ({"extra_seeds": 2, "max_rounds": 0}, "resolve_ties.max_rounds: expected a positive integer"),
+        ({"extra_seed": 2}, "campaign.promotion.resolve_ties.extra_seed"),
+    ],
+)
+def test_a_bad_tie_rule_is_refused_in_one_line(rule, message):
+    section = {**CLUSTER_SECTION, "promotion": {"resolve_ties": rule}}
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")) as error:
+        campaign.parse_campaign(section, CLUSTER_SIZES, "root")
+    assert "\n" not in str(error.value)
+
+
+def test_without_the_tie_rule_settings_and_identity_keep_their_form():
+    assert "promotion" not in campaign.settings_dict(cluster())
+    section = {**CLUSTER_SECTION, "promotion": {"resolve_ties": {"extra_seeds": 2}}}
+    with_rule = campaign.parse_campaign(section, CLUSTER_SIZES, "root")
+    assert campaign.settings_dict(with_rule)["promotion"] == {
+        "resolve_ties": {"extra_seeds": 2, "max_rounds": 1}
+    }
+    assert campaign.config_from_settings(campaign.settings_dict(with_rule)) == with_rule

@@ -137,9 +137,19 @@ def test_compiled_evaluation_equals_eager_within_bf16_noise() -> None:
     engine = ModelEngine(eager, device)
     run(engine, batches([8] * 3))
     blocks = torch.cat(batches([16, 16], seed=9))
+    sizes = torch.arange(eager.model.vocab_size) % 3  # 0, 1 or 2 bytes: a third of the ids are "special"
     a, b = (
-        evaluate(engine.model, subset_batches(blocks, 8), r, device, split="subset", validation_complete=True)
+        evaluate(
+            engine.model,
+            subset_batches(blocks, 8),
+            r,
+            device,
+            split="subset",
+            validation_complete=True,
+            token_bytes=sizes,
+        )
         for r in (eager, compiled)
     )
-    assert a.tokens == b.tokens
+    assert a.tokens == b.tokens and a.bytes == b.bytes == int(sizes[blocks[:, 1:]].sum())
     assert b.loss == pytest.approx(a.loss, rel=1e-2)
+    assert a.bpb is not None and b.bpb == pytest.approx(a.bpb, rel=1e-2)

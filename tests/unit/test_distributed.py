@@ -128,6 +128,8 @@ def test_two_ranks_equal_one_process_and_evaluate_sharded(
     final = metric_rows(run_dir)[-1]
     assert final["event"] == "final_validation" and final["evaluation_tokens"] == alone["tokens"]
     assert final["loss"] == pytest.approx(alone["loss"], rel=1e-12)
+    assert final["evaluation_bytes"] == alone["bytes"]
+    assert final["bpb"] == pytest.approx(alone["bpb"], rel=1e-12)
     assert not list(run_dir.glob(".*.tmp"))  # rank 0 wrote each file once, atomically
 
 

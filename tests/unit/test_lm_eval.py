@@ -78,3 +78,6 @@ def test_lm_eval_perplexity_agrees_with_tiny_llm_evaluate(
     assert theirs == pytest.approx(ours["loss"], rel=0.01)
     bits = out["results"]["tiny_llm_text"]["bits_per_byte,none"]
     assert bits == pytest.approx(-loglikelihood / math.log(2) / sum(len(t.encode()) for t in texts), rel=1e-6)
+    # Bits per byte: both leave the EOS predictions out and divide by the documents' UTF-8 bytes.
+    print(f"lm-eval {bits:.4f} bits/byte, tiny_llm evaluate {ours['bpb']:.4f}")
+    assert ours["bpb"] == pytest.approx(bits, rel=0.01)

@@ -65,7 +65,7 @@ def test_the_demo_study_is_in_the_default_target_and_off_without_horizons() -> N
     assert plan_of(tiny()).targets("horizons") == []
 
 
-def test_report_gives_mean_and_sd_over_seeds_per_horizon(tmp_path) -> None:
+def test_report_gives_mean_sd_se_and_bits_per_byte_over_seeds_per_horizon(tmp_path) -> None:
     from tiny_llm.io import atomic_write_json, atomic_write_yaml
     from tiny_llm.report.horizons import write_horizons_report
 
@@ -75,11 +75,18 @@ def test_report_gives_mean_and_sd_over_seeds_per_horizon(tmp_path) -> None:
         atomic_write_yaml(
             run / "resolved.yaml", {"training": {"tokens_per_parameter": horizon}, "runtime": {"seed": seed}}
         )
-        atomic_write_json(run / "result.json", {"final_validation": {"loss": loss}})
+        atomic_write_json(run / "result.json", {"final_validation": {"loss": loss, "bpb": loss / 4}})
         runs.append(run)
     rows = write_horizons_report(runs, tmp_path / "out")
     assert [r["tokens_per_parameter"] for r in rows] == [0.1, 0.2]
     assert rows[0]["losses"] == {"42": 4.0, "43": 4.4} and rows[0]["mean_loss"] == pytest.approx(4.2)
     assert rows[1]["sd_loss"] == pytest.approx(0.1414213, rel=1e-6)
     assert (tmp_path / "out" / "loss-vs-horizon.png").stat().st_size > 1000
-    assert "| 0.1 | 4.200000 | 0.282843 | 2 |" in (tmp_path / "out" / "report.md").read_text()
+    assert rows[0]["se_loss"] == pytest.approx(0.2) and rows[0]["bpb"] == {"42": 1.0, "43": 1.1}
+    assert rows[0]["mean_bpb"] == pytest.approx(1.05) and rows[0]["sd_bpb"] == pytest.approx(
+        0.0707107, rel=1e-6
+    )
+    assert (
+        "| 0.1 | 4.200000 | 0.282843 | 0.200000 | 1.0500 | 2 |"
+        in (tmp_path / "out" / "report.md").read_text()
+    )

@@ -64,6 +64,7 @@ def test_campaign_patterns_are_the_files_the_campaign_library_writes() -> None:
     assert campaign_lib.recipe_path(config, "stage1", "r") == fill(files.recipe, stage="stage1", run="r")
     assert campaign_lib.template_path(config, "s") == fill(files.template, size="s")
     assert campaign_lib.ranking_path(config, "stage1") == fill(files.ranking, stage="stage1")
+    assert campaign_lib.tie_round_path(config, "stage1", 2) == fill(files.tie_round, stage="stage1", round=2)
     assert Path(files.record).parent == Path(files.settings).parent == Path(config.root)
     assert Path(files.record).name == "campaign.json"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -68,9 +69,12 @@ def test_evaluate_matches_the_final_validation(all_policy_run: Path) -> None:
     expected = read_json(all_policy_run / "result.json")["final_validation"]
     by_weights = evaluate_checkpoint(recipe, all_policy_run / "final.safetensors", full=True)
     assert by_weights["loss"] == expected["loss"] and by_weights["tokens"] == expected["tokens"]
+    assert by_weights["bpb"] == expected["bpb"] and by_weights["bytes"] == expected["bytes"] > 0
+    assert 0 < expected["bpb"] < expected["loss"] / math.log(2)  # a BPE token holds more than one byte
     epoch3 = evaluate_checkpoint(recipe, all_policy_run / "epoch-003.pt", full=False)
     rows = [json.loads(x) for x in (all_policy_run / "metrics.jsonl").read_text().splitlines()]
     assert epoch3["loss"] == [r["loss"] for r in rows if r["event"] == "validation"][-1]
+    assert epoch3["bpb"] == [r["bpb"] for r in rows if r["event"] == "validation"][-1]
 
 
 def test_evaluate_command_writes_json(
@@ -86,7 +90,7 @@ def test_evaluate_command_writes_json(
     assert main(["evaluate", *args, "--output", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == read_json(out)
-    assert set(printed) >= {"loss", "perplexity", "tokens", "seconds", "split", "validation_complete"}
+    assert set(printed) >= {"loss", "perplexity", "tokens", "seconds", "split", "validation_complete", "bpb"}
     assert printed["split"] == "subset"
     assert main(["evaluate", "--config", str(all_policy_run / "resolved.yaml"), "--checkpoint", "x.bin"]) == 2
     assert "error: checkpoint not found: x.bin" in capsys.readouterr().err

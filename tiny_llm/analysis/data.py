@@ -1,7 +1,8 @@
 """The two data cases of an analysis: the blocks of one epoch, in training order, and its effective batches.
 
 ``seen``: the run's first epoch exactly as training visited it: the training loader over the budget's blocks,
-seeded with runtime.seed, range size and data passes as the run used them, each update's blocks in turn.
+seeded with its data seed (training.data_seed, else runtime.seed), range size and data passes as the run used
+them, each update's blocks in turn.
 ``unseen``: one epoch of blocks training never used (those after the last block it reads), as many whole
 effective batches as fit in the first epoch's blocks, visited by the same loader over that range.
 
@@ -130,7 +131,7 @@ def load_epoch(
         source,
         L,
         range_blocks,
-        recipe.runtime.seed,
+        recipe.data_seed,
         buffer_size_mib=recipe.data.buffer_size_mib,
         prefetch=False,
         blocks_per_range=blocks_per_range,

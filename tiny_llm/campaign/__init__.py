@@ -15,8 +15,9 @@ campaign's own; where the directory and the tuning results live is the
 caller's choice.
 
 Modules: ``stages`` (settings, run ids, paths), ``templates`` (recipes),
-``ranking``, ``identity``, ``estimate`` (GPU hours) and ``steps`` (plan, rank
-and select on the campaign's files).
+``ranking``, ``significance`` (how sure a ranking and its promotion cut are),
+``identity``, ``estimate`` (GPU hours) and ``steps`` (plan, rank, select and
+the tie-resolving rounds on the campaign's files).
 """
 
 from tiny_llm.campaign.estimate import (
@@ -41,17 +42,23 @@ from tiny_llm.campaign.ranking import (
     ranking_rows,
 )
 from tiny_llm.campaign.stages import (
+    TIE_RUN,
     CampaignConfig,
     config_from_settings,
     configuration_runs,
+    first_run_of,
     parse_campaign,
+    parse_tie_run,
     planned_runs,
+    promoted_count,
     ranking_path,
     recipe_path,
     run_dir,
     settings_dict,
     stage_name,
     template_path,
+    tie_round_path,
+    tie_rounds,
 )
 from tiny_llm.campaign.steps import (
     PlannedCampaign,
@@ -62,7 +69,11 @@ from tiny_llm.campaign.steps import (
     make_plan,
     precheck,
     rank_stage,
+    resolve_round,
     select_children,
+    tie_decisions,
+    tie_extras,
+    tie_recipe,
 )
 from tiny_llm.campaign.templates import (
     TUNED_KEYS,
@@ -76,6 +87,7 @@ from tiny_llm.campaign.templates import (
 
 __all__ = [
     "IDENTITY_FILE",
+    "TIE_RUN",
     "TUNED_KEYS",
     "CampaignChangedError",
     "CampaignConfig",
@@ -98,26 +110,35 @@ __all__ = [
     "diverged_result",
     "estimate_only",
     "final_loss",
+    "first_run_of",
     "gpu_hour_estimate",
     "identity_record",
     "load_templates",
     "loss_summary",
     "make_plan",
     "parse_campaign",
+    "parse_tie_run",
     "planned_runs",
     "precheck",
+    "promoted_count",
     "rank_configurations",
     "rank_runs",
     "rank_stage",
     "ranking_path",
     "ranking_rows",
     "recipe_path",
+    "resolve_round",
     "run_dir",
     "select_children",
     "settings_dict",
     "size_base",
     "stage1_recipes",
     "stage_name",
+    "tie_decisions",
+    "tie_extras",
+    "tie_recipe",
+    "tie_round_path",
+    "tie_rounds",
     "template_path",
     "tuned_settings",
     "tuned_throughput",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.campaign.significance import StageNoise, place_fields, stage_noise
 from tiny_llm.io import read_json
 
 DEFAULT_BETA1 = 0.9
@@ -39,6 +40,8 @@ class RunOutcome:
     """optimizer.name of the run."""
     muon_lr: float | None = None
     """Under muon: the peak LR of the hidden matrices (optimizer.muon_lr, else lr); None under adamw."""
+    bpb: float | None = None
+    """Final full-validation bits per byte (None when missing: a run from before it was measured)."""
 
     @property
     def configuration_id(self) -> str:
@@ -66,6 +69,14 @@ def loss_summary(losses: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, (statistics.stdev(losses) if len(losses) > 1 else None)
 
 
+def bpb_summary(runs: Sequence[RunOutcome]) -> tuple[float | None, float | None]:
+    """(mean, sample SD) of the runs' final bits per byte; None unless every run has a finite one."""
+    values = [r.bpb for r in runs]
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        return None, None
+    return loss_summary([float(v) for v in values if v is not None])
+
+
 @dataclass(frozen=True)
 class ConfigurationOutcome:
     """The runs (one per seed) of one configuration."""
@@ -86,6 +97,15 @@ class ConfigurationOutcome:
     @property
     def sd(self) -> float | None:
         return loss_summary(self.losses)[1]
+
+    @property
+    def bpb(self) -> float | None:
+        """Mean final bits per byte over the seeds; None unless every seed has one."""
+        return bpb_summary(self.runs)[0]
+
+    @property
+    def bpb_sd(self) -> float | None:
+        return bpb_summary(self.runs)[1]
 
     @property
     def diverged(self) -> list[str]:
@@ -162,6 +182,15 @@ def final_loss(result: Mapping[str, Any]) -> float:
     return float(loss)
 
 
+def final_bpb(result: Mapping[str, Any]) -> float | None:
+    """result.json's final full-validation bits per byte; None if absent (a run from before it was measured,
+    a cache without a tokenizer) or not finite."""
+    bpb = (result.get("final_validation") or {}).get("bpb")
+    if isinstance(bpb, bool) or not isinstance(bpb, (int, float)) or not math.isfinite(bpb):
+        return None
+    return float(bpb)
+
+
 def outcome_from(
     run_id: str,
     result: Mapping[str, Any],
@@ -180,6 +209,7 @@ def outcome_from(
         configuration,
         seed,
         *optimizer_name(opt),
+        final_bpb(result),
     )
 
 
@@ -196,13 +226,21 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def ranking_rows(ranked: Sequence[ConfigurationOutcome]) -> list[dict[str, Any]]:
+def ranking_rows(ranked: Sequence[ConfigurationOutcome], promoted: int | None = None) -> list[dict[str, Any]]:
     """JSON rows of a stage ranking, one per configuration, best first.
 
     ``loss`` is the mean over the seeds (null when a seed diverged: ranked as the worst), ``loss_sd`` the
     sample standard deviation (null for one seed), ``run`` the configuration's best seed (its run directory
     lies beside the ranking), ``runs`` every seed's run and ``diverged`` those without a final loss.
+
+    How sure the ranking is (SPEC §12; ``campaign.significance``): ``loss_se``, ``bpb`` and ``bpb_sd``
+    (bits per byte over the seeds), ``versus_best`` (the difference to the best, its Welch 95% interval,
+    p value and verdict), ``noise_floor`` (the stage's pooled SD, its degrees of freedom and the smallest
+    difference its seeds detect), and given ``promoted`` (how many configurations go on), ``promoted`` per
+    row and ``cut`` on the last promoted row and the first left behind (``inside_noise`` when the two are
+    not told apart).
     """
+    noise = stage_noise({c.configuration: c.losses for c in ranked}, promoted)
     rows = []
     for i, c in enumerate(ranked):
         rows.append(
@@ -222,9 +260,21 @@ def ranking_rows(ranked: Sequence[ConfigurationOutcome]) -> list[dict[str, Any]]
                 "beta1": c.beta1,
                 "beta2": c.beta2,
                 **({} if c.name == "adamw" else {"name": c.name, "muon_lr": c.muon_lr}),
+                **_noise_fields(c, i, noise),
             }
         )
     return rows
+
+
+def _noise_fields(c: ConfigurationOutcome, rank: int, noise: StageNoise) -> dict[str, Any]:
+    """A ranking row's bits per byte and how sure its place is (``ranking_rows``)."""
+    return {
+        "bpb": c.bpb,
+        "bpb_sd": c.bpb_sd,
+        "run_bpb": [r.bpb for r in c.runs],
+        "noise_floor": {k: v for k, v in noise.summary().items() if k != "cut"},
+        **place_fields(noise, c.configuration, rank),
+    }
 
 
 def diverged_result(run_dir: str | Path, exit_code: int) -> dict[str, Any] | None:

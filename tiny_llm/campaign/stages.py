@@ -62,6 +62,23 @@ class StageConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TieRule:
+    """``campaign.promotion.resolve_ties``: seeds added where a promotion cut is inside the noise."""
+
+    extra_seeds: int
+    """Seeds added per round to every configuration on either side of the cut (``significance.contested``)."""
+    max_rounds: int = 1
+    """Rounds of extra seeds at most; the top configurations by mean go on after the last, held or not."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromotionSection:
+    """``campaign.promotion`` as written."""
+
+    resolve_ties: TieRule | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
     """Everything that decides which runs a campaign trains and how."""
 
@@ -80,6 +97,9 @@ class CampaignConfig:
     """Size name -> tokens/s assumed for the GPU-hour estimate when no tuning result gives it."""
     numerics_version: int = 0
     """The workflow's NUMERICS_VERSION: a bump means results would differ, so it is part of the identity."""
+    resolve_ties: TieRule | None = None
+    """Opt-in: re-test a cut inside the noise with extra seeds before promoting (None: top ``parents`` by
+    mean, the reference's rule)."""
 
 
 def stage_name(index: int) -> str:
@@ -220,6 +240,7 @@ def parse_campaign(
         extra = sorted(set(section.get(key) or {}) - set(used))
         if extra:
             raise ConfigError(f"campaign.{key}: size(s) {', '.join(extra)} are not in campaign.stages")
+    ties = _tie_rule(section.get("promotion"), stages)
     return CampaignConfig(
         root=root.rstrip("/"),
         stages=stages,
@@ -229,7 +250,29 @@ def parse_campaign(
         tuning=dict(section.get("tuning") or {}),
         throughput={k: float(v) for k, v in (section.get("throughput") or {}).items()},
         numerics_version=numerics_version,
+        resolve_ties=ties,
     )
+
+
+def _tie_rule(raw: Any, stages: Sequence[StageConfig]) -> TieRule | None:
+    """``campaign.promotion``'s tie rule, checked: positive counts, and no planned run named like an extra."""
+    rule = typed_from_dict(PromotionSection, raw or {}, "campaign.promotion").resolve_ties
+    if rule is None:
+        return None
+    for key in ("extra_seeds", "max_rounds"):
+        value = getattr(rule, key)
+        if value < 1:
+            raise ConfigError(
+                f"campaign.promotion.resolve_ties.{key}: expected a positive integer, got {value}"
+            )
+    for i in range(len(stages)):
+        clash = [r for r in stage_run_ids_of(stages, i) if parse_tie_run(r)]
+        if clash:
+            raise ConfigError(
+                f"campaign.stages[{i}]: run id {clash[0]} looks like an extra seed's of "
+                "campaign.promotion.resolve_ties (<configuration>-tie<round>-s<seed>); rename the size"
+            )
+    return rule
 
 
 def _stage_dict(stage: StageConfig) -> dict[str, Any]:
@@ -257,12 +300,14 @@ def settings_dict(config: CampaignConfig) -> dict[str, Any]:
         "tuning": dict(config.tuning),
         "throughput": dict(config.throughput),
         "numerics_version": config.numerics_version,
+        **({"promotion": {"resolve_ties": vars(config.resolve_ties)}} if config.resolve_ties else {}),
     }
 
 
 def config_from_settings(settings: Mapping[str, Any]) -> CampaignConfig:
     """Inverse of ``settings_dict``."""
-    section = {k: settings.get(k) for k in ("stages", "overrides", "batch_tokens", "tuning", "throughput")}
+    keys = ("stages", "overrides", "batch_tokens", "tuning", "throughput", "promotion")
+    section = {k: settings.get(k) for k in keys}
     return parse_campaign(section, settings["sizes"], settings["root"], settings.get("numerics_version", 0))
 
 
@@ -424,3 +469,53 @@ def template_path(config: CampaignConfig, size: str) -> str:
 
 def ranking_path(config: CampaignConfig, stage: str) -> str:
     return f"{config.root}/{stage}/ranking.json"
+
+
+def promoted_count(config: CampaignConfig, index: int) -> int:
+    """How many configurations of stage ``index`` (0-based) go on: the next stage's ``parents``; the last
+    stage's best is the selection (its export, its selected recipe)."""
+    if index + 1 < len(config.stages):
+        return config.stages[index + 1].parents
+    return 1
+
+
+# -----------------------------------------------------------------------------  extra seeds at a cut
+
+TIE_RUN = r".+-tie[1-9][0-9]*-s[0-9]+"
+"""An extra seed's run id: ``<configuration>-tie<round>-s<seed>`` (``campaign.promotion.resolve_ties``); a
+plain regex, as a Snakemake wildcard constraint takes it."""
+_TIE_RUN_PARTS = re.compile(r"(.+)-tie([1-9][0-9]*)-s([0-9]+)")
+
+
+def tie_run_id(configuration: str, round_: int, seed: int) -> str:
+    return f"{configuration}-tie{round_}-s{seed}"
+
+
+def parse_tie_run(run_id: str) -> tuple[str, int, int] | None:
+    """(configuration, round, seed) of an extra seed's run id; None for any other run id."""
+    match = _TIE_RUN_PARTS.fullmatch(run_id)
+    if match is None:
+        return None
+    return match[1], int(match[2]), int(match[3])
+
+
+def tie_rounds(config: CampaignConfig, index: int) -> list[int]:
+    """The tie-resolving rounds stage ``index`` may take (1-based; none without the rule, or when its cut
+    promotes every configuration)."""
+    rule = config.resolve_ties
+    if rule is None or promoted_count(config, index) >= len(_stage_configurations(config.stages, index)):
+        return []
+    return list(range(1, rule.max_rounds + 1))
+
+
+def tie_round_path(config: CampaignConfig, stage: str, round_: int) -> str:
+    """Round ``round_``'s decision at ``stage``'s cut: which configurations get which extra seeds."""
+    return f"{config.root}/{stage}/ties/round-{round_}.json"
+
+
+def first_run_of(config: CampaignConfig, stage: str, configuration: str) -> str:
+    """The first planned run of a configuration (an extra seed copies its recipe)."""
+    for run in planned_runs(config)[stage]:
+        if run.configuration == configuration:
+            return run.run_id
+    raise ConfigError(f"{configuration} is not a configuration of {stage} in {config.root}")

@@ -15,16 +15,22 @@ from tiny_llm.campaign.identity import (
     check_unchanged,
 )
 from tiny_llm.campaign.ranking import ConfigurationOutcome, RunOutcome, outcome_from, rank_configurations
+from tiny_llm.campaign.significance import contested, stage_noise
 from tiny_llm.campaign.stages import (
     CampaignConfig,
     configuration_runs,
+    first_run_of,
     planned_runs,
+    promoted_count,
     recipe_path,
     run_dir,
     settings_dict,
     stage_name,
     stage_seeds,
     template_path,
+    tie_round_path,
+    tie_rounds,
+    tie_run_id,
 )
 from tiny_llm.campaign.templates import build_template, child_recipes, stage1_recipes
 from tiny_llm.errors import (
@@ -146,24 +152,106 @@ def campaign_record(config: CampaignConfig, plan: PlannedCampaign) -> dict[str, 
     }
 
 
-def _stage_outcomes(config: CampaignConfig, index: int) -> tuple[list[RunOutcome], dict[str, dict]]:
+def _stage_outcomes(
+    config: CampaignConfig, index: int, rounds: int | None = None
+) -> tuple[list[RunOutcome], dict[str, dict]]:
+    """Every finished run of stage ``index``: its planned runs, then the extra seeds of its tie-resolving
+    rounds (up to ``rounds``; None: every round decided so far)."""
     stage = stage_name(index)
     outcomes, recipes = [], {}
-    for run in planned_runs(config)[stage]:
-        result_file = Path(run_dir(config, stage, run.run_id)) / "result.json"
+    members = [(run.run_id, run.configuration, run.seed) for run in planned_runs(config)[stage]]
+    members += [(e["run"], e["configuration"], e["seed"]) for e in tie_extras(config, index, rounds)]
+    for run_id, configuration, seed in members:
+        result_file = Path(run_dir(config, stage, run_id)) / "result.json"
         if not result_file.is_file():
             raise RunStateError(f"{stage} is not finished: {result_file} is missing")
-        recipe = recipes[run.run_id] = _read_yaml(recipe_path(config, stage, run.run_id))
-        outcomes.append(
-            outcome_from(
-                run.run_id,
-                read_json_mapping(result_file, REBUILD_RESULT),
-                recipe,
-                run.configuration,
-                run.seed,
-            )
-        )
+        recipe = recipes[run_id] = _read_yaml(recipe_path(config, stage, run_id))
+        result = read_json_mapping(result_file, REBUILD_RESULT)
+        outcomes.append(outcome_from(run_id, result, recipe, configuration, seed))
     return outcomes, recipes
+
+
+def tie_decisions(config: CampaignConfig, index: int, rounds: int | None = None) -> list[dict[str, Any]]:
+    """The decided tie-resolving rounds of stage ``index`` in order (up to ``rounds``), up to the first that
+    added no seed (the cut held, or was never inside the noise)."""
+    decisions = []
+    for round_ in tie_rounds(config, index)[:rounds]:
+        path = Path(tie_round_path(config, stage_name(index), round_))
+        if not path.is_file():
+            break
+        decisions.append(read_json_mapping(path, REBUILD_CAMPAIGN))
+        if not decisions[-1]["runs"]:
+            break
+    return decisions
+
+
+def tie_extras(config: CampaignConfig, index: int, rounds: int | None = None) -> list[dict[str, Any]]:
+    """The extra seeds' runs ({run, configuration, seed, source}) the decided rounds added."""
+    return [entry for decision in tie_decisions(config, index, rounds) for entry in decision["runs"]]
+
+
+def resolve_round(config: CampaignConfig, index: int, round_: int) -> dict[str, Any]:
+    """Round ``round_``'s decision at stage ``index``'s cut (``campaign.promotion.resolve_ties``): rank with
+    the seeds so far; when the cut is inside the noise, the configurations on either side of it
+    (``significance.contested``) each get the rule's extra seeds, the same new seeds for all of them."""
+    rule = config.resolve_ties
+    if rule is None or round_ not in tie_rounds(config, index):
+        rounds = tie_rounds(config, index)
+        raise ConfigError(
+            f"--round: stage {index + 1} has no tie-resolving round {round_} (rounds: {rounds})"
+        )
+    outcomes, recipes = _stage_outcomes(config, index, round_ - 1)
+    ranked = rank_configurations(outcomes)
+    promoted = promoted_count(config, index)
+    tied = contested({c.configuration: c.losses for c in ranked}, promoted)
+    noise = stage_noise({c.configuration: c.losses for c in ranked}, promoted)
+    start = 1 + max(_seed_of(o, recipes[o.run_id]) for o in outcomes)
+    seeds = list(range(start, start + rule.extra_seeds)) if tied else []
+    stage = stage_name(index)
+    runs = [
+        {
+            "run": tie_run_id(c, round_, seed),
+            "configuration": c,
+            "seed": seed,
+            "source": first_run_of(config, stage, c),
+        }
+        for c in tied
+        for seed in seeds
+    ]
+    cut = noise.cut.as_dict() if noise.cut else None
+    return {
+        "stage": stage,
+        "round": round_,
+        "promoted": promoted,
+        "cut": cut,
+        "contested": tied,
+        "runs": runs,
+    }
+
+
+def _seed_of(outcome: RunOutcome, recipe: Mapping[str, Any]) -> int:
+    """A run's seed: its planned one, else its recipe's runtime.seed (a stage without seeds)."""
+    if outcome.seed is not None:
+        return outcome.seed
+    return int((recipe.get("runtime") or {}).get("seed") or 0)
+
+
+def tie_recipe(config: CampaignConfig, index: int, run_id: str) -> dict[str, Any]:
+    """An extra seed's recipe: its configuration's first run's, with the new seed and its own directory."""
+    stage = stage_name(index)
+    entry = next((e for e in tie_extras(config, index) if e["run"] == run_id), None)
+    if entry is None:
+        raise RunStateError(
+            f"{run_id} is no extra seed that a decided tie-resolving round of {stage} added (see "
+            f"{config.root}/{stage}/ties/)"
+        )
+    recipe = _read_yaml(recipe_path(config, stage, entry["source"]))
+    runtime = {
+        **recipe.get("runtime", {}),
+        "seed": entry["seed"],
+        "output_dir": run_dir(config, stage, run_id),
+    }
+    return {**recipe, "runtime": runtime}
 
 
 def rank_stage(config: CampaignConfig, index: int) -> list[ConfigurationOutcome]:

@@ -6,6 +6,9 @@
   write stage N's recipes (``--run ID``: only that run's recipe, as the workflow does, one job per run).
 - ``rank --stage N``: write stage N's ranking (the last stage has no next one to select for).
 - ``estimate``: print the GPU-hour estimate as JSON without a token cache (plan it before preparing C4).
+- ``resolve --stage N --round R``: with ``campaign.promotion.resolve_ties``, decide round R at stage N's cut:
+  which configurations get which extra seeds (none when the cut holds); ``<stage>/ties/round-R.json``.
+- ``add-seed --stage N --run ID``: write the recipe of an extra seed that a decided round added.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from tiny_llm.recorded import write_recorded_yaml
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("plan", "select", "rank", "estimate"))
+    parser.add_argument("action", choices=("plan", "select", "rank", "estimate", "resolve", "add-seed"))
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--settings",
@@ -37,7 +40,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="read the campaign from a workflow config (estimate only), e.g. config/cluster.yaml",
     )
     parser.add_argument("--stage", type=int, help="1-based stage number (select: the stage to create)")
-    parser.add_argument("--run", help="select: write only this run's recipe (default: the whole stage)")
+    parser.add_argument(
+        "--run", help="select: write only this run's recipe (default: the whole stage); add-seed: the run"
+    )
+    parser.add_argument("--round", type=int, help="resolve: the tie-resolving round (1-based)")
 
 
 def _settings(text: str) -> dict[str, Any]:
@@ -85,13 +91,25 @@ def select(config: campaign.CampaignConfig, stage: int | None, run: str | None) 
         planned = {r.run_id: r for r in campaign.planned_runs(config)[campaign.stage_name(index)]}
         print(f"{run}: parent {ranked[planned[run].parent_rank or 0].configuration} of {previous}")
         return
-    atomic_write_json(campaign.ranking_path(config, previous), campaign.ranking_rows(ranked))
+    rows = campaign.ranking_rows(ranked, campaign.promoted_count(config, index - 1))
+    atomic_write_json(campaign.ranking_path(config, previous), rows)
     for run_id, recipe in recipes.items():
         write_recorded_yaml(
             campaign.recipe_path(config, campaign.stage_name(index), run_id), recipe, "campaign select"
         )
     promoted = ", ".join(c.configuration for c in ranked[: config.stages[index].parents])
-    print(f"{previous} best: {describe_best(ranked[0])}; promoted: {promoted}")
+    print(f"{previous} best: {describe_best(ranked[0])}; promoted: {promoted}{describe_cut(rows)}")
+
+
+def describe_cut(rows: list[dict[str, Any]]) -> str:
+    """``; the cut is inside the noise (a vs b: -0.0030, 95% [-0.05, 0.04])`` for a cut that does not hold."""
+    cut = next((row["cut"] for row in rows if "cut" in row), None)
+    if cut is None or not cut["inside_noise"]:
+        return ""
+    interval = "untested" if cut["low"] is None else f"95% [{cut['low']:+.4f}, {cut['high']:+.4f}]"
+    difference = "?" if cut["difference"] is None else f"{cut['difference']:+.4f}"
+    pair = f"{cut['last_promoted']} vs {cut['first_left_behind']}"
+    return f"; the cut is inside the noise ({pair}: {difference}, {interval})"
 
 
 def describe_best(best: campaign.ConfigurationOutcome) -> str:
@@ -109,10 +127,32 @@ def describe_best(best: campaign.ConfigurationOutcome) -> str:
 def rank(config: campaign.CampaignConfig, stage: int | None) -> None:
     index = _stage_index(config, stage, 1)
     ranked = campaign.rank_stage(config, index)
-    atomic_write_json(
-        campaign.ranking_path(config, campaign.stage_name(index)), campaign.ranking_rows(ranked)
-    )
-    print(f"{campaign.stage_name(index)} best: {describe_best(ranked[0])}")
+    rows = campaign.ranking_rows(ranked, campaign.promoted_count(config, index))
+    atomic_write_json(campaign.ranking_path(config, campaign.stage_name(index)), rows)
+    print(f"{campaign.stage_name(index)} best: {describe_best(ranked[0])}{describe_cut(rows)}")
+
+
+def resolve(config: campaign.CampaignConfig, stage: int | None, round_: int | None) -> None:
+    index = _stage_index(config, stage, 1)
+    if round_ is None:
+        raise ConfigError("resolve: --round is required")
+    decision = campaign.resolve_round(config, index, round_)
+    atomic_write_json(campaign.tie_round_path(config, campaign.stage_name(index), round_), decision)
+    if decision["runs"]:
+        seeds = sorted({entry["seed"] for entry in decision["runs"]})
+        tied = ", ".join(decision["contested"])
+        print(f"round {round_}: the cut is inside the noise; seeds {seeds} for {tied}")
+    else:
+        print(f"round {round_}: the cut holds; nothing to add")
+
+
+def add_seed(config: campaign.CampaignConfig, stage: int | None, run: str | None) -> None:
+    index = _stage_index(config, stage, 1)
+    if run is None:
+        raise ConfigError("add-seed: --run is required")
+    recipe = campaign.tie_recipe(config, index, run)
+    atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run), recipe)
+    print(f"{run}: seed {recipe['runtime']['seed']}")
 
 
 def _config(args: argparse.Namespace) -> campaign.CampaignConfig:
@@ -146,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(estimate, indent=2))
     elif args.action == "select":
         select(config, args.stage, args.run)
+    elif args.action == "resolve":
+        resolve(config, args.stage, args.round)
+    elif args.action == "add-seed":
+        add_seed(config, args.stage, args.run)
     else:
         rank(config, args.stage)
     return 0

@@ -135,6 +135,18 @@ class TokenCache:
                     "cache directory and run prepare again"
                 )
 
+    def token_bytes(self) -> np.ndarray | None:
+        """UTF-8 bytes of each token id's text under the cache's tokenizer (``TextTokenizer.token_bytes``,
+        EOS 0), for bits per byte; None for a cache without a tokenizer (synthetic tokens)."""
+        directory = self.path / "tokenizer"
+        if not directory.is_dir():
+            return None
+        sizes = np.zeros(self.vocab_size, dtype=np.int64)
+        found = load_tokenizer(str(directory)).token_bytes()[: self.vocab_size]
+        sizes[: len(found)] = found
+        sizes[self.eos_token_id] = 0  # documents are joined by EOS: never text, whatever the tokenizer says
+        return sizes
+
     def check_capacity(self, tokens_needed: int) -> None:
         """The train split must hold ``tokens_needed`` tokens (a training run reads a prefix)."""
         have = self.num_tokens("train")

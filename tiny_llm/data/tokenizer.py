@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +21,16 @@ from tiny_llm.io import canonical_json, replacing_directory
 MAX_UINT16_VOCAB = 65536
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "<|end_of_text|>")
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # Llama's order, so EOS is id 2 as in the reference tokenizer
+SPACE_MARKER = "\u2581"  # SentencePiece's "▁": one space of the text
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece: one byte of the text
+
+
+def piece_bytes(piece: str) -> int:
+    """UTF-8 bytes of the text a SentencePiece-style piece stands for: ``▁`` is one space, ``<0xNN>`` one
+    byte."""
+    if BYTE_PIECE.fullmatch(piece):
+        return 1
+    return len(piece.replace(SPACE_MARKER, " ").encode("utf-8"))
 
 
 class TextTokenizer:
@@ -43,6 +54,12 @@ class TextTokenizer:
 
     def save(self, directory: Path) -> None:
         """Write files that `load_tokenizer(directory)` reads back."""
+        raise NotImplementedError
+
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes of the text each id stands for, in id order (bits per byte, SPEC §12); special ids
+        (EOS, BOS, unknown, control) have 0, so the sum over a text's ids is its UTF-8 length (SentencePiece:
+        plus its dummy-prefix space)."""
         raise NotImplementedError
 
     @property
@@ -92,6 +109,25 @@ class HFTokenizer(TextTokenizer):
         config = {"eos_token": self.eos_token, "add_bos_token": False, "add_eos_token": False}
         (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+    def token_bytes(self) -> list[int]:
+        """Byte-level BPE: one byte per character of the token (the GPT-2 byte alphabet); any other model
+        (Metaspace with byte fallback, as Llama's tokenizer.json): ``piece_bytes``. Special added tokens: 0;
+        other added tokens: their text's UTF-8 length."""
+        from tokenizers import pre_tokenizers
+
+        added = self.tokenizer.get_added_tokens_decoder()
+        byte_level = _has_byte_level_decoder(json.loads(self.tokenizer.to_str()).get("decoder"))
+        alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+        sizes = []
+        for index, token in enumerate(self.id_to_token()):
+            if index in added:
+                sizes.append(0 if added[index].special else len(token.encode("utf-8")))
+            elif byte_level and alphabet.issuperset(token):
+                sizes.append(len(token))
+            else:
+                sizes.append(piece_bytes(token))
+        return sizes
+
 
 class SentencePieceTokenizer(TextTokenizer):
     """A SentencePiece model (tokenizer.model)."""
@@ -124,6 +160,25 @@ class SentencePieceTokenizer(TextTokenizer):
 
     def save(self, directory: Path) -> None:
         shutil.copyfile(self.model_file, directory / "tokenizer.model")
+
+    def token_bytes(self) -> list[int]:
+        return [self._piece_bytes(i) for i in range(self.vocab_size)]
+
+    def _piece_bytes(self, index: int) -> int:
+        """0 for control, unknown and unused pieces; 1 for a byte piece; else ``piece_bytes``."""
+        p = self.processor
+        if p.is_control(index) or p.is_unknown(index) or p.is_unused(index):
+            return 0
+        return 1 if p.is_byte(index) else piece_bytes(p.id_to_piece(index))
+
+
+def _has_byte_level_decoder(decoder: Any) -> bool:
+    """Whether a tokenizer.json decoder (or a Sequence of them) maps tokens through the byte alphabet."""
+    if not isinstance(decoder, dict):
+        return False
+    return decoder.get("type") == "ByteLevel" or any(
+        _has_byte_level_decoder(d) for d in decoder.get("decoders") or []
+    )
 
 
 # ----------------------------------------------------------------------------- loading

@@ -8,12 +8,14 @@ always defined, and only its targets are empty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
 from tiny_llm.budget import make_budget
 from tiny_llm.config import RecipeConfig, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError, TinyLLMError
+from tiny_llm.io import read_json
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.layout import CAMPAIGN, TUNING_SELECTED, fill
 from tiny_llm.pipeline.recipes import RecipeBook
@@ -49,6 +51,9 @@ class CampaignPlan:
         self.enabled: bool = section["enabled"] and self.config is not None
         self.runs = campaign_lib.planned_runs(self.config) if self.config else {}
         self.run_size = {run.run_id: run.size for runs in self.runs.values() for run in runs}
+        self.configuration_size = {run.configuration: run.size for runs in self.runs.values() for run in runs}
+        self.tie_run_pattern: str = campaign_lib.TIE_RUN
+        """The run ids of extra seeds at a cut (``campaign.promotion.resolve_ties``)."""
         self.stage_names = list(self.runs)
         self.tuned_sizes = set(self.config.tuning) if self.config else set()
         self.size_recipes: dict[str, RecipeConfig] = {}
@@ -85,6 +90,9 @@ class CampaignPlan:
             )
 
     def size(self, run: str) -> str:
+        extra = campaign_lib.parse_tie_run(run)
+        if run not in self.run_size and extra and extra[0] in self.configuration_size:
+            return self.configuration_size[extra[0]]
         if run not in self.run_size:
             raise ConfigError(f"{run} is not a run of the campaign in {self.root} (see campaign.json)")
         return self.run_size[run]
@@ -176,3 +184,48 @@ class CampaignPlan:
 
     def targets(self) -> list[str]:
         return self.report_files() + self.rankings() if self.config else []
+
+    # ------------------------------------------------------------------ extra seeds at a cut
+
+    def tie_round(self, stage: str, round_: int | str) -> str:
+        """A tie-resolving round's decision file (``campaign.promotion.resolve_ties``)."""
+        return fill(self.paths.tie_round, stage=stage, round=round_)
+
+    def tie_inputs(
+        self, stage: str, decided: Callable[[str, int], str], before: int | str | None = None
+    ) -> list[str]:
+        """The stage's decided round files and the results of the extra seeds each adds, round by round until
+        one adds none (or up to ``before``); ``decided(stage, round)`` is a decided round's file (in the
+        workflow: through the checkpoint, which stops the walk at a round not decided yet). Empty without the
+        rule, so the DAG is the one the reference's promotion has."""
+        if self.config is None:
+            return []
+        files: list[str] = []
+        for round_ in campaign_lib.tie_rounds(self.config, self.stage_number(stage) - 1):
+            if before is not None and round_ >= int(before):
+                break
+            path = decided(stage, round_)
+            runs = read_json(path)["runs"]
+            files += [path, *(fill(self.paths.result, stage=stage, run=entry["run"]) for entry in runs)]
+            if not runs:
+                break
+        return files
+
+    def tie_decision(self, stage: str, run: str) -> str:
+        """The round file that added the extra seed ``run``."""
+        _, round_, _ = self._tie_run(run)
+        return self.tie_round(stage, round_)
+
+    def tie_source(self, stage: str, run: str) -> str:
+        """The recipe an extra seed copies: its configuration's first planned run's."""
+        configuration, _, _ = self._tie_run(run)
+        assert self.config is not None  # _tie_run checked that the campaign has the configuration
+        return fill(
+            self.paths.recipe, stage=stage, run=campaign_lib.first_run_of(self.config, stage, configuration)
+        )
+
+    def _tie_run(self, run: str) -> tuple[str, int, int]:
+        extra = campaign_lib.parse_tie_run(run)
+        if extra is None or extra[0] not in self.configuration_size:
+            raise ConfigError(f"{run} is no extra seed of a configuration of the campaign in {self.root}")
+        return extra

@@ -77,6 +77,15 @@ HORIZONS_TABLE = "results/report/horizons/report.md"
 HORIZONS_SUMMARY = "results/report/horizons/horizons.json"
 HORIZONS_PLOT = "results/report/horizons/loss-vs-horizon.png"
 
+# ----------------------------------------------------------------------------- noise study
+# <noise_run> is <size>-<source>-s<seed>: source init (runtime.seed varies), data (training.data_seed), both.
+NOISE_RUN_DIR = "results/noise/{noise_run}"
+NOISE_RECIPE = "results/noise/{noise_run}/recipe.yaml"
+NOISE_RESULT = "results/noise/{noise_run}/result.json"
+NOISE_TABLE = "results/report/noise/report.md"
+NOISE_SUMMARY = "results/report/noise/noise.json"
+NOISE_PLOT = "results/report/noise/noise.png"
+
 # ----------------------------------------------------------------------------- throughput map
 # <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).
 THROUGHPUT_RECIPE = "results/throughput/{size}/recipe.yaml"
@@ -129,11 +138,13 @@ class CampaignLayout:
     recipe: str = "{campaign}/{stage}/{run}/recipe.yaml"
     result: str = "{campaign}/{stage}/{run}/result.json"
     ranking: str = "{campaign}/{stage}/ranking.json"
+    tie_round: str = "{campaign}/{stage}/ties/round-{round}.json"
     selected: str = "{campaign}/report/selected-{size}.yaml"
     report_table: str = "{campaign}/report/report.md"
     report_table_html: str = "{campaign}/report/table.html"
     report_comparison: str = "{campaign}/report/comparison.json"
     report_curves: str = "{campaign}/report/learning-curves.png"
+    intervals: str = "{campaign}/report/intervals.png"
 
     def under(self, root: str) -> CampaignLayout:
         """The same patterns with the root filled in (the other wildcards kept)."""

@@ -32,6 +32,8 @@ from tiny_llm.pipeline.layout import (
     EXPORTS_SAMPLES,
     HORIZONS_PLOT,
     HORIZONS_TABLE,
+    NOISE_PLOT,
+    NOISE_TABLE,
     PACKED_BENCH_SUMMARY,
     PACKED_REPORT,
     RUN_DIR,
@@ -39,6 +41,7 @@ from tiny_llm.pipeline.layout import (
     RUNS_REPORT,
     fill,
 )
+from tiny_llm.pipeline.noise import NoisePlan
 from tiny_llm.pipeline.packed import PackedPlan
 from tiny_llm.pipeline.recipes import RecipeBook
 from tiny_llm.pipeline.runs import RunsPlan
@@ -47,7 +50,9 @@ from tiny_llm.pipeline.stage import Resources, StagePlan
 from tiny_llm.pipeline.throughput import ThroughputPlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "throughput")
+STAGES = (
+    "data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "noise", "throughput",
+)  # fmt: skip
 
 
 def _read_json(path: Path) -> Any:
@@ -90,6 +95,7 @@ class WorkflowPlan:
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
         self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
+        self.noise = NoisePlan(self.book, config["noise"], self.files)
         self.throughput = ThroughputPlan(self.book, config["throughput"], self.files)
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         self._add_analysed_runs()
@@ -102,6 +108,7 @@ class WorkflowPlan:
             "export": self.export,
             "analysis": self.analysis,
             "horizons": self.horizons,
+            "noise": self.noise,
             "throughput": self.throughput,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
@@ -250,6 +257,7 @@ class WorkflowPlan:
                 for path in (ANALYSIS_SUMMARY, ANALYSIS_ALIGNMENT)
             ],
             "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
+            "noise": [NOISE_TABLE, NOISE_PLOT],
         }
         lines = []
         for stage, files in picks.items():

@@ -5,20 +5,26 @@
 
 - ``comparison.json``: one row per run {kind "run", run, stage, preset, parameters, lr,
   weight_decay, beta2, loss, tokens, median_tokens_per_second, peak_memory_bytes, beta1, seed,
-  configuration, status}; for a campaign (a ``campaign.json`` in ``runs_dir``) also one row per
-  configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n, runs, seeds,
-  diverged, ...};
+  configuration, status, optimizer, muon_lr, bpb}; for a campaign (a ``campaign.json`` in ``runs_dir``) also
+  one row per configuration {kind "configuration", loss_mean, loss_sd (sample SD, null for one seed), n,
+  runs, seeds, diverged, ..., bpb_mean, bpb_sd, loss_se, versus_best, promoted, cut} and one per stage
+  {kind "stage", pooled_sd, dof, seeds, detectable_difference, cut};
 - ``report.md``: the runs as a Markdown table, and where configurations have several seeds a table of
   configurations with their final loss as mean ± SD;
 - ``table.html``: those tables as a standalone HTML page (the Snakemake HTML report shows it rendered);
+- ``intervals.png`` (a campaign, or configurations with several seeds): per stage, each configuration's mean
+  with its 95% interval, the seeds and the promotion cut (``noise``); report.md and table.html then add a
+  section per stage: mean ± SE, bits per byte, the difference to the best with Welch's interval and verdict,
+  the pooled SD, the smallest detectable difference and whether the cut is inside the noise;
 - ``learning-curves.png``: per size, the training loss of the logged windows and the subset validation
   loss vs training tokens; a configuration with several seeds is drawn as their mean with the seeds'
   range as a band;
 - ``selected-<size>.yaml``: the complete recipe of each size's best configuration (its first seed's run).
 
 Modules: ``records`` (run directories -> records, grouped and ranked by ``campaign.ranking``), ``tables``
-(Markdown, HTML and the shared CSS), ``curves`` (the learning-curve figure), ``horizons`` (the WSD horizon
-study's report: final loss against horizon).
+(Markdown, HTML and the shared CSS), ``curves`` (the learning-curve figure), ``noise`` (the noise floor,
+verdicts and cut of every stage: ``campaign.significance``), ``horizons`` (the WSD horizon study's report:
+final loss against horizon).
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ from tiny_llm.io import (
     read_json,
 )
 from tiny_llm.report.curves import plot_curves
+from tiny_llm.report.noise import (
+    attach_noise,
+    noise_html,
+    noise_markdown,
+    plot_intervals,
+    promoted_counts,
+    stage_rows,
+)
 from tiny_llm.report.records import ConfigurationRecord, best_per_size, collect_runs, group_configurations
 from tiny_llm.report.tables import fmt, markdown, table_html
 
@@ -63,7 +77,9 @@ def selected_yaml(c: ConfigurationRecord, size: str) -> str:
     return header + yaml.safe_dump(recipe, sort_keys=False)
 
 
-REPORT_FILES = ("comparison.json", "learning-curves.png", "selected-*.yaml", "report.md", "table.html")
+REPORT_FILES = (
+    "comparison.json", "learning-curves.png", "intervals.png", "selected-*.yaml", "report.md", "table.html",
+)  # fmt: skip
 
 
 def earlier_report(out: Path) -> bool:
@@ -74,7 +90,9 @@ def earlier_report(out: Path) -> bool:
         if path.suffix == ".yaml":
             return path.read_text(encoding="utf-8").startswith("# Best ")
         rows = read_json(path)
-        return isinstance(rows, list) and all(row["kind"] in ("run", "configuration") for row in rows)
+        return isinstance(rows, list) and all(
+            row["kind"] in ("run", "configuration", "stage") for row in rows
+        )
 
     return holds_earlier_output(out, REPORT_FILES, recognised)
 
@@ -92,15 +110,22 @@ def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | N
             f"no finished run with a final loss for size(s) {', '.join(missing)} under {runs_dir}"
         )
     out = claim_output_dir(out_dir, "--output-dir", ours=earlier_report)
+    noises = attach_noise(configurations, promoted_counts(runs_dir))
     rows = [r.row() for r in records]
-    if (Path(runs_dir) / "campaign.json").is_file():  # a campaign: one aggregate row per configuration
-        rows += [c.row() for c in configurations]
+    campaign = (Path(runs_dir) / "campaign.json").is_file()
+    if campaign:  # one aggregate row per configuration, one per stage
+        rows += [c.row() for c in configurations] + stage_rows(configurations, noises)
     atomic_write_json(out / "comparison.json", rows)
     plot_curves(records, out / "learning-curves.png")
+    compared = campaign or any(len(c.members) > 1 for c in configurations)
+    if compared:  # seeds to compare, or a campaign's cuts (untested with one seed): intervals.png, a section
+        plot_intervals(configurations, noises, out / "intervals.png")
     for size, c in best.items():
         atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(c, size))
-    atomic_write_text(out / "report.md", markdown(records, configurations, best))
-    atomic_write_text(out / "table.html", table_html(records, configurations, best))
+    md = noise_markdown(configurations, noises) if compared else None
+    html = noise_html(configurations, noises) if compared else None
+    atomic_write_text(out / "report.md", markdown(records, configurations, best, md))
+    atomic_write_text(out / "table.html", table_html(records, configurations, best, html))
     return {
         "runs": len(records),
         "configurations": len(configurations),

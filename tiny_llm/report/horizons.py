@@ -3,6 +3,7 @@ training horizon in tokens per parameter, mean and sample SD over seeds, from th
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,23 +20,30 @@ from tiny_llm.io import (
 
 
 def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
-    """One row per horizon: its runs' final full-validation losses (by seed), their mean and SD."""
-    by_horizon: dict[float, dict[int, float]] = {}
+    """One row per horizon: its runs' final full-validation losses (by seed), their mean, SD and standard
+    error; their bits per byte (by seed) and its mean and SD (None where a run has none)."""
+    by_horizon: dict[float, dict[int, dict[str, Any]]] = {}
     for run_dir in map(Path, run_dirs):
         recipe, result = read_yaml(run_dir / "resolved.yaml"), read_json(run_dir / "result.json")
         horizon = float(recipe["training"]["tokens_per_parameter"])
-        by_horizon.setdefault(horizon, {})[int(recipe["runtime"]["seed"])] = result["final_validation"][
-            "loss"
-        ]
+        by_horizon.setdefault(horizon, {})[int(recipe["runtime"]["seed"])] = result["final_validation"]
     rows = []
-    for horizon, losses in sorted(by_horizon.items()):
-        values = [losses[s] for s in sorted(losses)]
+    for horizon, finals in sorted(by_horizon.items()):
+        seeds = sorted(finals)
+        values = [finals[s]["loss"] for s in seeds]
+        bpb = [finals[s].get("bpb") for s in seeds]
+        known = [b for b in bpb if b is not None]
+        sd = statistics.stdev(values) if len(values) > 1 else None
         rows.append(
             {
                 "tokens_per_parameter": horizon,
-                "losses": {str(s): losses[s] for s in sorted(losses)},
+                "losses": {str(s): v for s, v in zip(seeds, values, strict=True)},
                 "mean_loss": statistics.fmean(values),
-                "sd_loss": statistics.stdev(values) if len(values) > 1 else None,
+                "sd_loss": sd,
+                "se_loss": None if sd is None else sd / math.sqrt(len(values)),
+                "bpb": {str(s): b for s, b in zip(seeds, bpb, strict=True)},
+                "mean_bpb": statistics.fmean(known) if known and len(known) == len(bpb) else None,
+                "sd_bpb": statistics.stdev(known) if len(known) == len(bpb) > 1 else None,
             }
         )
     return rows
@@ -60,15 +68,21 @@ def write_horizons_report(run_dirs: list[str | Path], output_dir: str | Path) ->
     rows = horizon_rows(run_dirs)
     out = claim_output_dir(output_dir, "--output-dir", ours=earlier_horizons_report)
     atomic_write_json(out / "horizons.json", {"horizons": rows})
-    lines = ["| Tokens/param | Final loss (mean) | SD | Seeds |", "|---:|---:|---:|---:|"]
+    lines = [
+        "| Tokens/param | Final loss (mean) | SD | SE | bpb (mean) | Seeds |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
-        sd = "-" if row["sd_loss"] is None else f"{row['sd_loss']:.6f}"
-        lines.append(
-            f"| {row['tokens_per_parameter']:g} | {row['mean_loss']:.6f} | {sd} | {len(row['losses'])} |"
-        )
+        cells = [f"{row['tokens_per_parameter']:g}", f"{row['mean_loss']:.6f}"]
+        cells += [_cell(row["sd_loss"], 6), _cell(row["se_loss"], 6), _cell(row["mean_bpb"], 4)]
+        lines.append("| " + " | ".join([*cells, str(len(row["losses"]))]) + " |")
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     _plot(rows, out / "loss-vs-horizon.png")
     return rows
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -22,6 +22,7 @@ from tiny_llm.campaign.ranking import (
     ConfigurationOutcome,
     RunOutcome,
     configuration_key,
+    final_bpb,
     final_loss,
     loss_summary,
     optimizer_name,
@@ -29,6 +30,7 @@ from tiny_llm.campaign.ranking import (
 from tiny_llm.campaign.ranking import (
     group_configurations as group_outcomes,
 )
+from tiny_llm.campaign.significance import StageNoise, place_fields
 from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
 from tiny_llm.io import is_replaced_run, read_json_mapping, read_yaml
 from tiny_llm.train.metrics import read_metrics
@@ -62,6 +64,8 @@ class RunRecord:
     seed: int | None = None
     configuration: str = ""
     """The campaign configuration the run is a seed of ('' = a configuration of its own)."""
+    bpb: float | None = None
+    """Final full-validation bits per byte (None: a run from before it was measured)."""
 
     @property
     def configuration_id(self) -> str:
@@ -77,6 +81,7 @@ class RunRecord:
         out["configuration"] = self.configuration_id
         out["status"] = self.status
         out["optimizer"], out["muon_lr"] = self.optimizer
+        out["bpb"] = self.bpb
         return out
 
     @property
@@ -98,6 +103,7 @@ class RunRecord:
             self.configuration_id,
             self.seed,
             *self.optimizer,
+            self.bpb,
         )
 
 
@@ -111,6 +117,8 @@ class ConfigurationRecord:
     """Its runs, by seed (in the order of ``outcome.runs``)."""
     rank: int = 0
     """Rank within its stage (0 = best)."""
+    noise: StageNoise | None = None
+    """Its stage's noise floor and comparisons (``report.noise.attach_noise``)."""
 
     @property
     def configuration(self) -> str:
@@ -164,7 +172,14 @@ class ConfigurationRecord:
             "tokens": first.tokens,
             "median_tokens_per_second": float(statistics.median(rates)) if rates else None,
             "peak_memory_bytes": max(peaks) if peaks else None,
+            "bpb_mean": self.outcome.bpb,
+            "bpb_sd": self.outcome.bpb_sd,
+            **self.noise_fields(),
         }
+
+    def noise_fields(self) -> dict[str, Any]:
+        """Its standard error, its difference to the stage's best (Welch 95%) and its side of the cut."""
+        return {} if self.noise is None else place_fields(self.noise, self.configuration, self.rank)
 
 
 def _stage_order(stage: str | None) -> tuple[int, str]:
@@ -228,16 +243,20 @@ def _preset_shapes() -> dict[tuple, str]:
 
 
 def _campaign_sizes(runs_dir: Path) -> dict[str, str]:
-    """Run id -> size, from a campaign.json in the runs directory."""
+    """Run id -> size, from a campaign.json in the runs directory (an extra seed: its configuration's)."""
     record = runs_dir / "campaign.json"
     if not record.is_file():
         return {}
     stages = read_json_mapping(record, REBUILD_CAMPAIGN).get("stages", [])
-    return {run: stage["size"] for stage in stages for run in stage["runs"]}
+    sizes = {run: stage["size"] for stage in stages for run in stage["runs"]}
+    by_configuration = {c: s["size"] for s in stages for c in s["configurations"]}
+    extras = _tie_members(runs_dir)
+    return {**sizes, **{run: by_configuration[c] for run, c in extras.items() if c in by_configuration}}
 
 
 def _campaign_configurations(runs_dir: Path) -> dict[str, str]:
-    """Run id -> its configuration, from a campaign.json in the runs directory."""
+    """Run id -> its configuration, from a campaign.json in the runs directory and the extra seeds of its
+    tie-resolving rounds."""
     record = runs_dir / "campaign.json"
     if not record.is_file():
         return {}
@@ -245,6 +264,15 @@ def _campaign_configurations(runs_dir: Path) -> dict[str, str]:
     for stage in read_json_mapping(record, REBUILD_CAMPAIGN).get("stages", []):
         for configuration, runs in stage["configurations"].items():
             members.update(dict.fromkeys(runs, configuration))
+    return {**members, **_tie_members(runs_dir)}
+
+
+def _tie_members(runs_dir: Path) -> dict[str, str]:
+    """An extra seed's run id -> its configuration, from ``campaign.promotion.resolve_ties``'s round files."""
+    members = {}
+    for path in sorted(runs_dir.glob("stage*/ties/round-*.json")):
+        for entry in read_json_mapping(path, REBUILD_CAMPAIGN).get("runs", []):
+            members[entry["run"]] = entry["configuration"]
     return members
 
 
@@ -302,6 +330,7 @@ def load_run(
         beta1=opt.get("beta1"),
         seed=(recipe.get("runtime") or {}).get("seed"),
         configuration=(configurations or {}).get(run_dir.name, ""),
+        bpb=final_bpb(result),
     )
 
 

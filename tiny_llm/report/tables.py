@@ -9,33 +9,37 @@ from tiny_llm.report.records import ConfigurationRecord, RunRecord
 
 GIB = 1024**3
 TABLE_HEADER = (
-    "Run", "Optimizer", "Parameters", "LR", "Decay", "β2", "Final loss", "Tokens", "Median tok/s", "Peak GiB",
+    "Run", "Optimizer", "Parameters", "LR", "Decay", "β2", "Final loss", "bpb", "Tokens", "Median tok/s",
+    "Peak GiB",
 )  # fmt: skip
 CONFIG_HEADER = (
     "Configuration", "Optimizer", "Seeds", "Parameters", "LR", "Decay", "β1", "β2", "Final loss (mean ± SD)",
-    "Tokens", "Median tok/s", "Peak GiB",
+    "bpb (mean)", "Tokens", "Median tok/s", "Peak GiB",
 )  # fmt: skip
-TEXT_COLUMNS = ("Run", "Configuration", "Optimizer")  # left-aligned in table.html; the rest are figures
+TEXT_COLUMNS = ("Run", "Configuration", "Optimizer", "Verdict", "Goes on")  # left-aligned in table.html
 CONFIG_NOTE = (
     "One row per configuration: its final losses over the seeds as mean ± sample SD (one seed: no SD); a "
     "seed that diverged counts as the worst loss, so its configuration ranks after every one whose seeds "
     "all finished. Median tok/s: the median of its runs' medians; Peak GiB: their largest peak."
 )
 TABLE_NOTE = (
-    "Final loss = full validation loss after the last epoch (nats per token); "
+    "Final loss = full validation loss after the last epoch (nats per token); bpb = its bits per byte (the "
+    "text targets' nats over ln 2 times their UTF-8 bytes, EOS left out: comparable across tokenizers); "
     "Median tok/s = median of the logged training windows, measured while other training jobs of the same "
     "workflow may share the machine (the tuning and packed benchmarks run alone); rows by stage, then rank."
 )
 
 
 def fmt(value: Any, kind: str) -> str:
-    """A report cell: '-' for None, else by kind (int, loss, rate, gib, num)."""
+    """A report cell: '-' for None, else by kind (int, loss, bpb, rate, gib, num)."""
     if value is None:
         return "-"
     if kind == "int":
         return f"{int(value):,}"
     if kind == "loss":
         return f"{value:.6f}"
+    if kind == "bpb":
+        return f"{value:.4f}"
     if kind == "rate":
         return f"{value:,.0f}"
     if kind == "gib":
@@ -60,6 +64,7 @@ def table_cells(row: dict[str, Any]) -> list[str]:
         fmt(row["weight_decay"], "num"),
         fmt(row["beta2"], "num"),
         fmt(row["loss"], "loss"),
+        fmt(row["bpb"], "bpb"),
         fmt(row["tokens"], "int"),
         fmt(row["median_tokens_per_second"], "rate"),
         fmt(row["peak_memory_bytes"], "gib"),
@@ -85,6 +90,7 @@ def config_cells(row: dict[str, Any]) -> list[str]:
         fmt(row["beta1"], "num"),
         fmt(row["beta2"], "num"),
         loss,
+        fmt(row["bpb_mean"], "bpb"),
         fmt(row["tokens"], "int"),
         fmt(row["median_tokens_per_second"], "rate"),
         fmt(row["peak_memory_bytes"], "gib"),
@@ -116,21 +122,28 @@ def _diverged_note(records: list[RunRecord], seeded: bool) -> str:
 
 
 def markdown(
-    records: list[RunRecord], configurations: list[ConfigurationRecord], best: dict[str, ConfigurationRecord]
+    records: list[RunRecord],
+    configurations: list[ConfigurationRecord],
+    best: dict[str, ConfigurationRecord],
+    noise: list[str] | None = None,
 ) -> str:
+    """report.md; ``noise``: the noise-floor section's lines, after the configurations (without seeds: after
+    the runs)."""
     lines = ["# Run comparison", ""]
     seeded = _seeded(configurations)
     if seeded:
         lines += ["## Configurations (final loss: mean ± SD over seeds)", "", CONFIG_NOTE, ""]
         lines += ["| " + " | ".join(CONFIG_HEADER) + " |", "|" + "---|" * len(CONFIG_HEADER)]
         lines += ["| " + " | ".join(config_cells(c.row())) + " |" for c in configurations]
-        lines += ["", "## Runs", ""]
+        lines += ["", *(noise or []), "## Runs", ""]
     lines.append(TABLE_NOTE)
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r.row())) + " |" for r in records]
     note = _diverged_note(records, seeded)
     if note:
         lines += ["", note]
+    if not seeded and noise:
+        lines += ["", *noise]
     lines += ["", "## Best configuration per size" if seeded else "## Best run per size", ""]
     for size, c in best.items():
         lines.append(f"- {size}: {_describe_best(c)} -> `selected-{size}.yaml`")
@@ -148,11 +161,13 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.best td { font-weight: 600; }
 tr.diverged td { color: #999; font-style: italic; }
 tr.stage td { background: #fafafa; color: #555; font-weight: 600; border-bottom: 1px solid #bbb; }
+tr.cut-noise td { border-bottom: 3px dashed #c0392b; }
+tr.cut-holds td { border-bottom: 3px solid #2e8b57; }
 p.note { color: #555; max-width: 60em; }
 """
 
 
-def _html_table(
+def html_table(
     header: tuple[str, ...],
     items: list[tuple[str | None, str, list[str]]],
     stages: bool,
@@ -178,9 +193,13 @@ def _html_table(
 
 
 def table_html(
-    records: list[RunRecord], configurations: list[ConfigurationRecord], best: dict[str, ConfigurationRecord]
+    records: list[RunRecord],
+    configurations: list[ConfigurationRecord],
+    best: dict[str, ConfigurationRecord],
+    noise: list[str] | None = None,
 ) -> str:
-    """The report.md tables as a standalone HTML page (what the Snakemake HTML report embeds)."""
+    """The report.md tables as a standalone HTML page (what the Snakemake HTML report embeds); ``noise``: the
+    noise-floor section's HTML, after the configurations (without seeds: after the runs)."""
     seeded = _seeded(configurations)
     best_configurations = {(c.stage, c.configuration) for c in best.values()}
     best_runs = set() if seeded else {c.first.run for c in best.values()}
@@ -198,7 +217,8 @@ def table_html(
             items.append((c.stage, kind or ("diverged" if c.diverged else ""), config_cells(c.row())))
         parts.append("<h2>Configurations (final loss: mean ± SD over seeds)</h2>")
         parts.append(f'<p class="note">{escape(CONFIG_NOTE)} Bold: the best configuration of each size.</p>')
-        parts += _html_table(CONFIG_HEADER, items, stages)
+        parts += html_table(CONFIG_HEADER, items, stages)
+        parts += noise or []
         parts.append("<h2>Runs</h2>")
     items = []
     for rec in records:
@@ -206,10 +226,12 @@ def table_html(
         items.append((rec.stage, kind, table_cells(rec.row())))
     extra = "" if seeded else " Bold: the best run of each size."
     parts.append(f'<p class="note">{escape(TABLE_NOTE)}{extra}</p>')
-    parts += _html_table(TABLE_HEADER, items, stages)
+    parts += html_table(TABLE_HEADER, items, stages)
     note = _diverged_note(records, seeded)
     if note:
         parts.append(f"<p>{escape(note)}</p>")
+    if not seeded:
+        parts += noise or []
     parts.append(f"<h2>{'Best configuration per size' if seeded else 'Best run per size'}</h2><ul>")
     for size, c in best.items():
         text = _describe_best(c).replace("`", "")

@@ -193,13 +193,19 @@ def shard(batches: Iterable[T]) -> Iterable[T]:
     return itertools.islice(batches, dist.get_rank(), None, dist.get_world_size())
 
 
-def sum_over_ranks(total: torch.Tensor, count: int) -> tuple[torch.Tensor, int]:
-    """The FP64 loss sum and target count over all ranks (one all-reduce; counts stay exact below 2**53)."""
+def sum_over_ranks(
+    totals: tuple[torch.Tensor, ...], counts: tuple[int, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """FP64 sums (the loss's, the text targets') and counts (targets, bytes) over all ranks: one all-reduce;
+    counts stay exact below 2**53."""
     if not active():
-        return total, count
-    both = torch.stack([total.double(), torch.tensor(float(count), dtype=torch.float64, device=total.device)])
+        return totals, counts
+    device = totals[0].device
+    counted = [torch.tensor(float(c), dtype=torch.float64, device=device) for c in counts]
+    both = torch.stack([*(t.double() for t in totals), *counted])
     dist.all_reduce(both)
-    return both[0], int(both[1].item())
+    summed = tuple(both[: len(totals)].unbind())
+    return summed, tuple(int(c) for c in both[len(totals) :].tolist())
 
 
 class RankLostError(RuntimeError):

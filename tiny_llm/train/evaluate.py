@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from tiny_llm.config import RecipeConfig
+from tiny_llm.data.cache import TokenCache
 from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_losses
 from tiny_llm.progress import counted
 from tiny_llm.runtime.device import (
@@ -41,6 +42,24 @@ class EvaluationAborted(Exception):
     """A stop was requested during evaluation."""
 
 
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class EvalSums:
+    """What one pass over the batches adds up (over every rank)."""
+
+    loss: float
+    """Mean nats per valid target (NaN for none)."""
+    tokens: int
+    """Valid targets."""
+    bpb: float | None = None
+    """Bits per byte: the nats of the targets that are text over ln 2 times their UTF-8 bytes (SPEC §12);
+    None without a byte table or bytes."""
+    bytes: int | None = None
+    """UTF-8 bytes of the valid targets (special ids count 0); None without a byte table."""
+
+
 @dataclass
 class EvalResult:
     loss: float
@@ -50,6 +69,10 @@ class EvalResult:
     split: str
     """'subset' or 'full'."""
     validation_complete: bool
+    bpb: float | None = None
+    """Bits per byte of the same targets (``EvalSums.bpb``)."""
+    bytes: int | None = None
+    """UTF-8 bytes of the evaluated targets (EOS and other special ids: 0)."""
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -70,6 +93,8 @@ class EvalResult:
             "tokens_per_second": self.tokens_per_second,
             "split": self.split,
             "validation_complete": self.validation_complete,
+            "bpb": self.bpb,
+            "bytes": self.bytes,
         }
 
 
@@ -135,7 +160,6 @@ def pad_batch(inputs: torch.Tensor, targets: torch.Tensor, rows: int) -> tuple[t
     return torch.cat([inputs, pad]), torch.cat([targets, pad.fill_(IGNORE_INDEX)])
 
 
-@torch.no_grad()
 def evaluate_batches(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -143,33 +167,68 @@ def evaluate_batches(
     device: torch.device,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[float, int]:
-    """(mean loss, valid targets) over (inputs, targets) host batches; targets -100 are ignored.
+    """(mean loss, valid targets) over (inputs, targets) host batches; targets -100 are ignored."""
+    sums = evaluate_sums(model, batches, recipe, device, should_stop)
+    return sums.loss, sums.tokens
 
-    Targets are counted on the host before the copy, so the loop never waits for the device: the
-    only synchronisation is reading the FP64 total at the end.
+
+@torch.no_grad()
+def evaluate_sums(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    recipe: RecipeConfig,
+    device: torch.device,
+    should_stop: Callable[[], bool] | None = None,
+    token_bytes: torch.Tensor | None = None,
+) -> EvalSums:
+    """Loss, targets and (given ``token_bytes``, the UTF-8 bytes of each id) bits per byte over (inputs,
+    targets) host batches; targets -100 are ignored.
+
+    Targets and their bytes are counted on the host before the copy, and the nats of the targets that are
+    text are summed on the device beside the loss (the byte table gathered there), so the loop never waits
+    for the device: the only synchronisation is reading the FP64 totals at the end.
     """
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
+    text_total = torch.zeros((), dtype=torch.float64, device=device)
+    count, num_bytes = 0, 0
+    on_device = None if token_bytes is None else token_bytes.to(device)
     compiled = compiled_losses(model, recipe, device)
     loss_fn = compiled or functools.partial(token_losses, model)
     try:
         for inputs, targets in distributed.shard(batches):  # this rank's batches (all of them on one)
             if should_stop is not None and should_stop():
                 raise EvaluationAborted()
-            count += int((targets != IGNORE_INDEX).sum())
+            valid = targets != IGNORE_INDEX
+            count += int(valid.sum())
+            if token_bytes is not None:
+                num_bytes += int(token_bytes[targets[valid]].sum())
             if compiled is not None:
                 inputs, targets = pad_batch(inputs, targets, recipe.evaluation.batch_size)
+            device_targets = to_device(targets, device)
             with compute_context(recipe, device):
-                losses = loss_fn(to_device(inputs, device), to_device(targets, device))
+                losses = loss_fn(to_device(inputs, device), device_targets)
             total += losses.double().sum()
+            if on_device is not None:  # ignored targets have 0 loss: any id stands in for them
+                text = on_device[device_targets.flatten().clamp_min(0)] > 0
+                text_total += torch.where(text, losses.double(), 0.0).sum()
     finally:
         model.train(was_training)
-    total, count = distributed.sum_over_ranks(total, count)
+    totals, counts = distributed.sum_over_ranks((total, text_total), (count, num_bytes))
+    return sums_of(totals, counts, token_bytes is not None)
+
+
+def sums_of(totals: tuple[torch.Tensor, ...], counts: tuple[int, ...], with_bytes: bool) -> EvalSums:
+    """The pass's means from its (loss, text nats) totals and (targets, bytes) counts."""
+    (total, text_total), (count, num_bytes) = totals, counts
     if count == 0:
-        return math.nan, 0
-    return total.item() / count, count
+        return EvalSums(math.nan, 0, None, num_bytes if with_bytes else None)
+    loss = total.item() / count
+    if not with_bytes:
+        return EvalSums(loss, count)
+    bpb = text_total.item() / (LN2 * num_bytes) if num_bytes else None
+    return EvalSums(loss, count, bpb, num_bytes)
 
 
 def evaluate(
@@ -181,11 +240,19 @@ def evaluate(
     split: str,
     validation_complete: bool,
     should_stop: Callable[[], bool] | None = None,
+    token_bytes: torch.Tensor | None = None,
 ) -> EvalResult:
     start = time.perf_counter()
-    loss, tokens = evaluate_batches(model, batches, recipe, device, should_stop)
+    sums = evaluate_sums(model, batches, recipe, device, should_stop, token_bytes)
     synchronize(device)
-    return EvalResult(loss, tokens, time.perf_counter() - start, split, validation_complete)
+    seconds = time.perf_counter() - start
+    return EvalResult(sums.loss, sums.tokens, seconds, split, validation_complete, sums.bpb, sums.bytes)
+
+
+def byte_table(cache: TokenCache) -> torch.Tensor | None:
+    """The cache's bytes per token id (``TokenCache.token_bytes``) as a host tensor, or None."""
+    sizes = cache.token_bytes()
+    return None if sizes is None else torch.from_numpy(sizes)
 
 
 def load_weights(model: Llama, path: Path) -> None:
@@ -240,6 +307,12 @@ def evaluate_checkpoint(
         batches = subset_batches(subset, batch, device)
     split = "full" if full else "subset"
     result = evaluate(
-        model, batches, recipe, device, split=split, validation_complete=cache.validation_complete
+        model,
+        batches,
+        recipe,
+        device,
+        split=split,
+        validation_complete=cache.validation_complete,
+        token_bytes=byte_table(cache),
     )
     return {**result.as_dict(), "checkpoint": str(path)}

@@ -31,7 +31,7 @@ from tiny_llm.runtime.environment import device_name
 from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint, continuation, distributed
 from tiny_llm.train.clock import RunClock
-from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, evaluate, subset_batches
+from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, byte_table, evaluate, subset_batches
 from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
 from tiny_llm.train.progress import Progress, result_record, train_row, validation_row
 from tiny_llm.train.run_dir import check_resumable, write_environment, write_status
@@ -62,6 +62,7 @@ class Trainer:
         check_cuda_graph(recipe, self.device)
         self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
         self.cache.check_compatible(recipe)
+        self.token_bytes = byte_table(self.cache)  # bits per byte of every validation (None: no tokenizer)
         self.budget: Budget = make_budget(recipe)
         self.cache.check_capacity(self.budget.cache_tokens_needed)
         self.identity = recipe_identity(recipe, self.cache.identity)
@@ -120,7 +121,7 @@ class Trainer:
             self.cache,
             context_length=self.recipe.model.context_length,
             num_blocks=self.budget.num_blocks,
-            seed=self.recipe.runtime.seed,
+            seed=self.recipe.data_seed,
             buffer_size_mib=self.recipe.data.buffer_size_mib,
             prefetch=self.recipe.data.prefetch,
             passes=self.budget.data_passes,
@@ -323,6 +324,7 @@ class Trainer:
                 split=split,
                 validation_complete=self.cache.validation_complete,
                 should_stop=signals.stop_requested,
+                token_bytes=self.token_bytes,
             )
         except EvaluationAborted:
             raise Interrupted() from None

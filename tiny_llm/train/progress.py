@@ -71,6 +71,8 @@ def validation_row(p: Progress, event: str, epoch: int, result: EvalResult, peak
         "validation_complete": result.validation_complete,
         "evaluation_tokens": result.tokens,
         "evaluation_peak_memory_bytes": peak,
+        "bpb": result.bpb,
+        "evaluation_bytes": result.bytes,
     }
 
 
