@@ -171,7 +171,7 @@ rule report_campaign:
 
 checkpoint resolve_cut:
     input:
-        settings=ancient(CAMPAIGN_FILES.settings),
+        settings=CAMPAIGN_FILES.settings,
         results=campaign_stage_results,
         earlier=campaign_earlier_ties,
     output:
@@ -195,7 +195,7 @@ checkpoint resolve_cut:
 
 rule add_seed:
     input:
-        settings=ancient(CAMPAIGN_FILES.settings),
+        settings=CAMPAIGN_FILES.settings,
         decision=campaign_tie_decision,
         source=campaign_tie_source,
     output:

@@ -14,7 +14,7 @@ wildcard_constraints:
 rule train_noise:
     input:
         recipe=NOISE_RECIPE,
-        cache=ancient(PLAN.data.cache_manifest),
+        cache=PLAN.data.cache_manifest,
     output:
         NOISE_RESULT,
     log:

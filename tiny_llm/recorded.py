@@ -23,7 +23,7 @@ from tiny_llm.io import atomic_write_json, atomic_write_text, canonical_json
 RECORDED = "recorded"
 """What TINY_LLM_PLAN_FILES says of a file whose digest its writer recorded in it."""
 RECORD_KEY = "written_by"
-_HEADER = re.compile(r"# written by tiny-llm (?P<writer>[a-z ]+); content digest (?P<digest>[0-9a-f]{16})\b")
+_HEADER = re.compile(r"# written by tiny-llm (?P<writer>[a-z -]+); content digest (?P<digest>[0-9a-f]{16})\b")
 
 
 def content_digest(content: Mapping[str, Any]) -> str:

@@ -63,3 +63,13 @@ def test_a_job_refuses_an_edited_recorded_input_in_one_line(tmp_path: Path) -> N
         f"{path} is not what `campaign plan` wrote (edited since?); delete it and rerun the same snakemake "
         "command: the workflow writes it again"
     )
+
+
+def test_a_pattern_marks_the_files_a_checkpoint_adds_and_a_hyphenated_writer_is_read(tmp_path: Path) -> None:
+    files = PlanFiles()
+    files.add_recorded([], pattern=r"results/campaign/stage[0-9]+/[^/]+/recipe\.yaml")
+    added = "results/campaign/stage1/t-s-lr0.003-wd0.1-tie1-s3/recipe.yaml"
+    assert json.loads(files.expected([added, "results/campaign/settings.json"])) == {added: "recorded"}
+    path = tmp_path / "recipe.yaml"
+    write_recorded_yaml(path, RECIPE, "campaign add-seed")
+    assert recorded_problem(path) is None

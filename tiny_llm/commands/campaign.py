@@ -151,7 +151,9 @@ def add_seed(config: campaign.CampaignConfig, stage: int | None, run: str | None
     if run is None:
         raise ConfigError("add-seed: --run is required")
     recipe = campaign.tie_recipe(config, index, run)
-    atomic_write_yaml(campaign.recipe_path(config, campaign.stage_name(index), run), recipe)
+    write_recorded_yaml(
+        campaign.recipe_path(config, campaign.stage_name(index), run), recipe, "campaign add-seed"
+    )
     print(f"{run}: seed {recipe['runtime']['seed']}")
 
 

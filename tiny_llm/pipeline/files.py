@@ -35,6 +35,7 @@ class PlanFiles:
         self._content: dict[str, dict[str, Any]] = {}
         self._stage: dict[str, str] = {}
         self._recorded: set[str] = set()
+        self._recorded_patterns: list[re.Pattern[str]] = []
 
     def add(self, path: str, content: Mapping[str, Any], *, stage: str) -> str:
         """Plan ``path`` with ``content``; ``stage``: the workflow stage whose jobs read it."""
@@ -42,9 +43,16 @@ class PlanFiles:
         self._stage[path] = stage
         return path
 
-    def add_recorded(self, paths: Iterable[str]) -> None:
-        """Files a job writes for another job to read, their digest recorded in them (tiny_llm.recorded)."""
+    def add_recorded(self, paths: Iterable[str], pattern: str | None = None) -> None:
+        """Files a job writes for another job to read, their digest recorded in them (tiny_llm.recorded): by
+        path, and every path matching ``pattern`` (a regular expression: files the plan cannot list, such as
+        the runs a checkpoint adds)."""
         self._recorded.update(paths)
+        if pattern is not None:
+            self._recorded_patterns.append(re.compile(pattern))
+
+    def is_recorded(self, path: str) -> bool:
+        return path in self._recorded or any(p.fullmatch(path) for p in self._recorded_patterns)
 
     def __contains__(self, path: str) -> bool:
         return path in self._content
@@ -63,7 +71,7 @@ class PlanFiles:
         """PLAN_FILES_ENV's value for a job reading ``paths``: its plan files, with their digests, and the
         files written by other jobs, RECORDED."""
         planned = {path: self.digest(path) for path in paths if path in self._content}
-        return json.dumps({**planned, **{path: RECORDED for path in paths if path in self._recorded}})
+        return json.dumps({**planned, **{path: RECORDED for path in paths if self.is_recorded(path)}})
 
     def pattern(self) -> str:
         """A wildcard constraint matching exactly these paths (there is always one: the export prompts)."""

@@ -62,7 +62,7 @@ class NoisePlan:
                 recipe = book.recipe(size, deep_merge(section["overrides"], overrides), where="noise")
                 data = recipe_to_dict(recipe)
                 data["runtime"]["output_dir"] = fill(NOISE_RUN_DIR, noise_run=run)
-                files.add(fill(NOISE_RECIPE, noise_run=run), data)
+                files.add(fill(NOISE_RECIPE, noise_run=run), data, stage="noise")
                 self.recipes[run] = recipe
                 self.groups[source].append(run)
 
