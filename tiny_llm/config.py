@@ -102,9 +102,9 @@ class OptimizerConfig:
     muon (set under adamw, they are refused). grad_clip and the schedule keys apply under both."""
 
     name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
-    """adamw: AdamW on every parameter. muon: torch.optim.Muon on the blocks' 2-D matrices (q/k/v/out,
-    gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over the workers); not
-    with runtime.cuda_graph."""
+    """adamw: AdamW on every parameter. muon: torch's Muon, batched per matrix shape, on the blocks' 2-D
+    matrices (q/k/v/out, gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over
+    the workers too); not with runtime.cuda_graph."""
     lr: float = 1e-3
     """Peak learning rate (AdamW's; under muon, of the embedding/head and norm scales)."""
     beta1: float = 0.9
