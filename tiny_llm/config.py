@@ -215,8 +215,9 @@ class RuntimeConfig:
     """benchmark-worker only: MiB the measurement may allocate (CPU: beyond what the set-up process holds;
     CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap."""
     num_gpus: int = 1
-    """Data-parallel ranks of one model (`torchrun --nproc-per-node num_gpus`; on the CPU, gloo processes):
-    each takes its share of every update's microbatches; batch, budget and data order stay one process's."""
+    """Data-parallel ranks of one model (`tiny_llm launch --nproc-per-node num_gpus`, or torchrun; on the CPU,
+    gloo processes): each takes its share of every update's microbatches; batch, budget and data order stay
+    one process's."""
     output_dir: str = "runs/default"
     """Run directory."""
 

@@ -18,9 +18,8 @@ from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.errors import ConfigError
 from tiny_llm.export.hf import export_model
 from tiny_llm.io import read_json
-from tiny_llm.runtime import signals
+from tiny_llm.runtime import optim, signals
 from tiny_llm.runtime.engine import NonFiniteError
-from tiny_llm.runtime import optim
 from tiny_llm.runtime.optim import MuonAdamW, hidden_matrices, set_lr
 from tiny_llm.train import loop
 from tiny_llm.train.engine import ModelEngine
