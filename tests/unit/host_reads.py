@@ -1,13 +1,13 @@
 """Counting host reads of tensor values: what makes the host wait for a device.
 
-Counted, in the forms that reach a ``TorchDispatchMode``: ``.item()``, ``float()``, ``int()`` and ``bool()`` of a
-tensor (``aten._local_scalar_dense``), ``nonzero``, ``masked_select`` and ``unique`` (an output size only the
-device knows), and indexing with a boolean mask (``x[mask]``, ``x[mask] = v``: a nonzero inside). Counted by
-wrapping the ``Tensor`` methods while the mode is on, since they copy without dispatching an operator on the
-CPU: ``tolist``, ``numpy``, ``cpu()`` and a blocking ``to()`` onto the CPU called from outside torch
-(``to(device, non_blocking=True)`` is how host batches go to the device, asynchronously; torch's own calls move
-a tensor to the device it is on, which on a CPU looks the same). On the CPU nothing waits, but the count is
-the same as on a GPU, where each of these would be a device synchronisation."""
+Counted where a ``TorchDispatchMode`` sees them: ``.item()``, ``float()``, ``int()`` and ``bool()`` of a tensor
+(``aten._local_scalar_dense``), ``nonzero``, ``masked_select`` and ``unique`` (an output size only the device
+knows), and indexing with a boolean mask (``x[mask]``, ``x[mask] = v``: a nonzero inside). Counted by wrapping
+the ``Tensor`` methods while the mode is on, since they copy without dispatching an operator on the CPU:
+``tolist``, ``numpy``, ``cpu()`` and a blocking ``to()`` onto the CPU called from outside torch (``to(device,
+non_blocking=True)`` is how host batches go to the device, asynchronously; torch's own calls move a tensor to
+the device it is on, which on a CPU looks the same). On the CPU nothing waits, but the count is the same as on
+a GPU, where each of these would be a device synchronisation."""
 
 from __future__ import annotations
 
@@ -30,7 +30,12 @@ READING_OPS = {
     aten.unique_consecutive.default: "unique",
 }
 # Indexing operators: a read when an index is a boolean mask.
-INDEXING_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+INDEXING_OPS = {
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.index_put_.default,
+    aten._index_put_impl_.default,
+}
 
 
 TORCH_DIR = str(Path(torch.__file__).parent)
