@@ -1,6 +1,6 @@
 """Counting host reads of tensor values: what makes the host wait for a device.
 
-Counted where a ``TorchDispatchMode`` sees them: ``.item()``, ``float()``, ``int()`` and ``bool()`` of a tensor
+Counted where a ``TorchDispatchMode`` sees them: ``.item()``, ``float()``, ``int()``, ``bool()`` of a tensor
 (``aten._local_scalar_dense``), ``nonzero``, ``masked_select`` and ``unique`` (an output size only the device
 knows), and indexing with a boolean mask (``x[mask]``, ``x[mask] = v``: a nonzero inside). Counted by wrapping
 the ``Tensor`` methods while the mode is on, since they copy without dispatching an operator on the CPU:
