@@ -48,7 +48,9 @@ def batches(sizes: list[int]) -> list[torch.Tensor]:
 
 class EagerCapturer:
     """Stands in for CUDA: 'captures' the update as the function itself, which each replay runs under a mode
-    that raises on a host read (what a real capture refuses: a value read on the host while recording)."""
+    that raises on a host read (what a real capture refuses: a value read on the host while recording), on
+    the tensors the engine held at capture: a graph reads and writes the memory it was recorded on, so an
+    input or output buffer the engine rebinds afterwards is one the replay never sees."""
 
     def __init__(self) -> None:
         self.warmed = self.captured = self.replays = 0
@@ -60,11 +62,18 @@ class EagerCapturer:
 
     def capture(self, update: Callable[[], None]) -> Callable[[], None]:
         self.captured += 1
+        engine = update.__self__  # type: ignore[attr-defined]  # the engine's bound update_inputs
+        recorded = {k: v for k, v in vars(engine).items() if isinstance(v, torch.Tensor)}
 
         def replay() -> None:
             self.replays += 1
-            with HostReads(forbid=True):
-                update()
+            now = {k: getattr(engine, k) for k in recorded}
+            vars(engine).update(recorded)  # the buffers the graph was recorded on
+            try:
+                with HostReads(forbid=True):
+                    update()
+            finally:
+                vars(engine).update(now)
 
         return replay
 
