@@ -212,8 +212,9 @@ class RuntimeConfig:
     cpu_threads: int | None = 8
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
     memory_limit_mb: int | None = field(default=None, metadata={"late": True})
-    """benchmark-worker only: MiB the measurement may allocate (CPU: beyond what the set-up process holds;
-    CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap."""
+    """benchmark-worker only: MiB the measurement may allocate beyond what the process holds once its engine
+    is built (CPU: the data segment; CUDA: the caching allocator's reservation); more raises an out-of-memory
+    like CUDA's, and a peak at 90% of it is recorded as one. null = no cap."""
     num_gpus: int = 1
     """Data-parallel ranks of one model (`tiny_llm launch --nproc-per-node num_gpus`, or torchrun; on the CPU,
     gloo processes): each takes its share of every update's microbatches; batch, budget and data order stay
