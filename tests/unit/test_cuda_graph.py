@@ -18,8 +18,10 @@ from tiny_llm.cli import main
 from tiny_llm.config import RecipeConfig, load_recipe
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError
+from tiny_llm.runtime import device as device_module
 from tiny_llm.runtime.device import check_cuda_graph
 from tiny_llm.runtime.engine import NonFiniteError, StepStats
+from tiny_llm.train import engine as engine_module
 from tiny_llm.train import session
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import WARMUP_UPDATES, GraphEngine
@@ -235,6 +237,33 @@ def test_the_benchmark_worker_refuses_it_on_a_cpu_in_its_json(monkeypatch: pytes
     assert (
         out["error"] == "runtime.cuda_graph: needs a CUDA device, and this run's device is cpu; set it false"
     )
+
+
+def test_compiled_graph_modes_keep_the_recording_peak_as_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_mode reduce-overhead / max-autotune on CUDA record graphs in the first updates and replay them
+    from a pool the allocator's peak no longer shows: the recording updates' peak stays the floor of every
+    later window's (the clock's and the worker's), as the captured update's does. (CUDA's statistics are
+    stood in for here; tests/unit/test_cuda.py measures the real ones.)"""
+
+    def graphs(mode: str, device: torch.device) -> bool:
+        compiled = recipe(8, "runtime.compile=true", f"runtime.compile_mode={mode}")
+        return device_module.compiles_cuda_graphs(compiled, device)
+
+    cuda = torch.device("cuda")
+    modes = ("default", "reduce-overhead", "max-autotune")
+    assert [m for m in modes if graphs(m, cuda)] == ["reduce-overhead", "max-autotune"]
+    assert not graphs("reduce-overhead", CPU)
+    peaks = iter([100, 700, 300])
+    monkeypatch.setattr(engine_module, "compiles_cuda_graphs", lambda recipe, device: True)
+    monkeypatch.setattr(engine_module, "peak_memory_bytes", lambda device: next(peaks))
+    engine = ModelEngine(recipe(8), CPU)
+    assert engine.replay_peak_bytes() == 0
+    floors = []
+    for step, blocks in enumerate(batches([8] * 5), start=1):
+        engine.train_step(blocks, 1e-3, step)
+        floors.append(engine.replay_peak_bytes())
+    assert floors == [100, 700, 700, 700, 700]  # read during the 3 recording updates only
+    assert ModelEngine(recipe(8), CPU).replay_peak_bytes() == 0  # the CPU: no graphs, no floor
 
 
 @pytest.mark.slow

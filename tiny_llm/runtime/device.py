@@ -293,6 +293,18 @@ def uses_compile(recipe: RecipeConfig) -> bool:
     return recipe.runtime.compile and not recipe.runtime.deterministic
 
 
+# compile modes whose compiled functions run as CUDA graphs (torch's graph trees) on a CUDA device
+GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def compiles_cuda_graphs(recipe: RecipeConfig, device: torch.device) -> bool:
+    """Whether the compiled loss runs as CUDA graphs: recorded in the first updates, then replayed from a
+    private memory pool whose use the allocator's peak statistics no longer show."""
+    return (
+        device.type == "cuda" and uses_compile(recipe) and recipe.runtime.compile_mode in GRAPH_COMPILE_MODES
+    )
+
+
 def compile_loss(fn: Callable[..., torch.Tensor], recipe: RecipeConfig) -> Callable[..., torch.Tensor]:
     """``fn`` with the recipe's forced SDPA kernel entered inside it (``with_forced_kernel``), under
     torch.compile with the recipe's compile_mode when compiling."""
