@@ -88,6 +88,7 @@ def memory_limit(limit_mb: int | None, device: torch.device) -> Iterator[MemoryC
     limit = limit_mb * 2**20
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.empty_cache()  # cached free blocks would otherwise be reusable beyond the cap
         reserved = torch.cuda.memory_reserved(device)
         torch.cuda.set_per_process_memory_fraction(min(1.0, (reserved + limit) / total), device)
         try:

@@ -357,7 +357,7 @@ class StopVote:
         return False
 
 
-def no_buffer_sync() -> dict[str, bool]:
+def no_buffer_sync() -> dict[str, Any]:
     """DDP's argument that turns off its buffer broadcast before each forward: ``forward_sync_buffers``
     since torch 2.13, ``broadcast_buffers`` before (2.10-2.12 refuse the new name)."""
     accepted = inspect.signature(DistributedDataParallel.__init__).parameters
@@ -422,7 +422,7 @@ class DistributedEngine(ModelEngine):
             )
 
         self.ddp = collective(wrap, "DDP's start")
-        self.ddp.logger = _NoRuntimeStats(self.ddp.logger)
+        self.ddp.logger = typing.cast(Any, _NoRuntimeStats(self.ddp.logger))
         self.ddp.register_comm_hook(None, _sum_hook)
         self.grads = []  # the tensors DDP copied into its buckets: none kept (see zero_grads)
         self.vote = StopVote()
