@@ -1,8 +1,9 @@
 """Compile time of a 2-rank compiled run on the CPU (`runtime.num_gpus: 2` through `tiny_llm launch`), with
-Inductor's compile workers per rank capped (cores / 2: the launcher's and the ranks' default) and uncapped
-(Inductor's own default, min(32, cores) per rank, as under torchrun before the cap): the first train row's
-seconds (its window is the first update, whose compile it holds), the run's wall time, and the same for one
-process, each with a cold compile cache of its own. Prints one JSON document.
+one Inductor compile worker per rank (TORCHINDUCTOR_COMPILE_THREADS=1: no worker pool, kernels compiled one
+after another) and with the ranks' default (`launch.compile_workers`: cores / 2, at least 2; on a 2-core
+machine also Inductor's own default, min(32, cores)): the first train row's seconds (its window is the first
+update, whose compile it holds), the run's wall time, and the same for one process, each with a cold compile
+cache of its own. Prints one JSON document.
 
     python benchmarks/ddp_compile.py --workdir /tmp/ddp-compile [--preset tiny] [--repeats 2]
 """
@@ -58,8 +59,8 @@ def main() -> None:
     ]
     cores = len(os.sched_getaffinity(0))
     cases = {
-        "2 ranks, capped": (2, {}),
-        "2 ranks, uncapped": (2, {"TORCHINDUCTOR_COMPILE_THREADS": str(min(32, os.cpu_count() or cores))}),
+        "2 ranks, 1 worker each": (2, {"TORCHINDUCTOR_COMPILE_THREADS": "1"}),
+        "2 ranks, the default": (2, {}),
         "1 process": (1, {}),
     }
     results: dict[str, list[dict]] = {name: [] for name in cases}

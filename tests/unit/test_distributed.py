@@ -446,7 +446,7 @@ def test_each_rank_gets_its_place_a_private_store_and_loopback_sockets(tmp_path:
     )
     assert env[launch.STORE_ENV] == str(tmp_path / "store") and env["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
-    assert int(env["TORCHINDUCTOR_COMPILE_THREADS"]) == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert int(env["TORCHINDUCTOR_COMPILE_THREADS"]) == max(2, len(os.sched_getaffinity(0)) // 2)
     assert launch.visible_gpus([1, 2], {"CUDA_VISIBLE_DEVICES": "GPU-a, GPU-b,GPU-c"}) == ["GPU-b", "GPU-c"]
     assert launch.visible_gpus([0, 1], {}) == ["0", "1"]
 

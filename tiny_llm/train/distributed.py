@@ -25,8 +25,8 @@ parallelism that computes what one process accumulating K times as many microbat
   rank. Every rank leaves the job together (``run_ranks``), so a follower's end never makes torchrun stop rank
   0 mid-write. Start-up hand-offs (the state to start from) use that group too.
 - Ranks launched by ``tiny_llm launch`` meet in its private FileStore (``STORE_ENV``) with their sockets on
-  the loopback interface; under torchrun, in torchrun's store. Each rank compiles with at most cores / K
-  Inductor workers.
+  the loopback interface; under torchrun, in torchrun's store. Each rank compiles with cores / K Inductor
+  workers (at least 2).
 - DDP's logger is kept from timing iterations (``_NoRuntimeStats``): on CUDA that waits on events on the
   first 10 synced iterations and every 100th, a synchronize inside the clock's window.
 """
@@ -61,7 +61,7 @@ from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import default_cpu_threads
 from tiny_llm.runtime.engine import StepStats, UpdateAborted
 from tiny_llm.train.engine import ModelEngine
-from tiny_llm.train.launch import SCRATCH_ENV, STORE_ENV, remove_stale_jobs
+from tiny_llm.train.launch import SCRATCH_ENV, STORE_ENV, compile_workers, remove_stale_jobs
 
 T = TypeVar("T")
 
@@ -122,13 +122,14 @@ def control_group() -> Any:
 
 
 def _cap_compile_workers(world_size: int) -> None:
-    """At most cores / K Inductor compile workers per rank (Inductor's default, up to 32, is per process:
-    K ranks compiling at once would oversubscribe the job's cores K times). A value the user set is kept."""
+    """``launch.compile_workers`` Inductor compile workers per rank (cores / K, at least 2), also under
+    torchrun: Inductor's default, up to 32, is per process, and K ranks compile at once. A value the user
+    set is kept."""
     if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
         return
     import torch._inductor.config as inductor_config
 
-    inductor_config.compile_threads = max(1, default_cpu_threads() // world_size)
+    inductor_config.compile_threads = compile_workers(world_size)
 
 
 def check_launch(recipe: RecipeConfig, ranks: RankContext | None) -> None:

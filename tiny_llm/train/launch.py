@@ -11,9 +11,9 @@ without its rendezvous port on every interface.
   trains on cuda:r and takes no lock of its own (``SLOTS_HELD_ENV``). Two K-rank jobs on one box get
   different GPUs.
 - Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), its followers'
-  scratch directories go below the job's directory (removed with it, also after a SIGKILL of a rank), and at
-  most cores / K Inductor compile workers (``TORCHINDUCTOR_COMPILE_THREADS`` unless set): K ranks compiling
-  at once would otherwise start up to 32 each.
+  scratch directories go below the job's directory (removed with it, also after a SIGKILL of a rank), and
+  ``compile_workers`` Inductor compile workers (cores / K, at least 2; ``TORCHINDUCTOR_COMPILE_THREADS``
+  unless set): K ranks compiling at once would otherwise start up to 32 each.
 - Signals: SIGINT and SIGTERM are passed on to every rank (the ranks agree on the update to stop at and rank
   0 saves); ranks still running ``shutdown_timeout`` seconds later are killed. A rank that fails (an exit
   other than 0 or 130, or a signal) gives the others the same time to end on their own (each fails in its next
@@ -52,6 +52,14 @@ EXIT_INTERRUPTED = 130
 POLL_SECONDS = 0.05
 
 
+def compile_workers(world_size: int) -> int:
+    """Inductor compile workers per rank: the job's cores / K, but at least 2. Inductor's default (up to 32
+    per process) oversubscribes K ranks compiling at once; 1 turns its worker pool off and compiles the
+    kernels one after another, which was slower even on 2 cores (benchmarks/README.md, "DDP compile time at
+    2 ranks")."""
+    return max(2, default_cpu_threads() // world_size)
+
+
 def loopback_interface() -> str | None:
     """The loopback interface's name (``lo`` on Linux), None where there is none."""
     names = [name for _, name in socket.if_nameindex()]
@@ -75,8 +83,7 @@ def rank_environment(
     if interface is not None:
         env.setdefault("GLOO_SOCKET_IFNAME", interface)
         env.setdefault("NCCL_SOCKET_IFNAME", interface)
-    cores = default_cpu_threads()
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, cores // world_size)))
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_workers(world_size)))
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
         env[SLOTS_HELD_ENV] = str(os.getpid())
