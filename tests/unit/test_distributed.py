@@ -351,6 +351,43 @@ def test_the_ddp_engine_sums_what_one_process_accumulates(tmp_path: Path) -> Non
     assert not got["timed"]
 
 
+def _rank_hands_off(rank: int, init_file: str, out: str) -> None:
+    """Rank 0 writes a file in ``on_rank0`` (then fails a second one with a full disk); rank 1 records what it
+    saw once each hand-off returned."""
+    import torch.distributed as dist
+
+    from tiny_llm.errors import DiskFullError
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    written = Path(out).with_suffix(".state")
+    seen = []
+    try:
+        distributed.on_rank0(lambda: written.write_text("saved"), "save of latest.pt")
+        seen.append(written.read_text() if rank == 1 else "")  # rank 1 returns only once rank 0 is done
+
+        def full() -> None:
+            raise DiskFullError("no space left on the device writing final.pt")
+
+        try:
+            distributed.on_rank0(full, "save of final.pt")
+        except DiskFullError as exc:
+            seen.append(f"DiskFullError: {exc}")
+        if rank == 1:
+            Path(out).write_text(json.dumps(seen))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_followers_wait_for_rank_0s_work_and_share_its_failure(tmp_path: Path) -> None:
+    """What a save or export runs behind: the followers return only once rank 0's file is written (so none
+    is in a device collective, nor gone, meanwhile), and a full disk on rank 0 fails every rank alike."""
+    out = tmp_path / "seen.json"
+    torch.multiprocessing.spawn(_rank_hands_off, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    full = "DiskFullError: no space left on the device writing final.pt"
+    assert json.loads(out.read_text()) == ["saved", full]
+
+
 def _rank_loses_its_peer(rank: int, init_file: str, out: str) -> None:
     """Rank 1 dies before the evaluation's all-reduce; rank 0 writes the error it then gets to ``out``."""
     import torch.distributed as dist
