@@ -439,6 +439,33 @@ def test_a_lost_rank_is_one_line_in_status_json_and_run_log(
     assert "Traceback" not in log and "failed at step" in log and "lost its peers" in log
 
 
+def test_a_follower_verifies_neither_the_cache_nor_the_state_that_rank_0_verified(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank used to sha256 the whole token cache and CRC the resume state: only rank 0 does now (it
+    hands the start to the others once it did)."""
+    from tiny_llm.data.cache import TokenCache
+    from tiny_llm.engines import build_engine
+    from tiny_llm.train import checkpoint
+    from tiny_llm.train.loop import Trainer
+    from tiny_llm.train.metrics import RunLog
+
+    verified: list[str] = []
+    monkeypatch.setattr(TokenCache, "verify", lambda self: verified.append("cache"))
+    crc = checkpoint.verify_state_file
+    monkeypatch.setattr(checkpoint, "verify_state_file", lambda path: verified.append("state") or crc(path))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    state = tmp_path / "state.pt"
+    checkpoint.save_state(state, {"weights": torch.zeros(2)})
+    for rank0 in (True, False):
+        monkeypatch.setattr(distributed, "writes_files", lambda rank0=rank0: rank0)
+        log = RunLog(run_dir / "run.log", quiet=True)
+        Trainer(_recipe(tiny_cache, tiny_recipe_args, run_dir), run_dir, log, build_engine)
+        checkpoint.load_state(state, verify=distributed.writes_files())
+    assert verified == ["cache", "state"]  # rank 0's; the follower's none
+
+
 def test_remove_stale_jobs_removes_only_dead_processes_directories(tmp_path: Path) -> None:
     """Scratch of a rank (or launcher) killed before it could clean up goes; a live one's stays."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
