@@ -635,8 +635,9 @@ def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[s
 
 # A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
 # that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
-# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments
-# and fresh mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
+# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
+# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
+# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
 MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
 
 
