@@ -79,10 +79,10 @@ def test_allocator_failures_become_cuda_style_out_of_memory() -> None:
 
 def test_the_cap_is_lifted_on_leaving_and_counts_from_what_the_process_holds() -> None:
     before = resource.getrlimit(resource.RLIMIT_DATA)
-    held = status_bytes("VmData")
     with memory_limit(64, torch.device("cpu")) as cap:
         soft = resource.getrlimit(resource.RLIMIT_DATA)[0]
-        assert soft == pytest.approx(held + 64 * 2**20, rel=0.05)  # 64 MiB beyond what is held
+        held = status_bytes("VmData")  # what the process holds once the cap is set (freed heap returned)
+        assert soft == pytest.approx(held + 64 * 2**20, abs=4 * 2**20)  # 64 MiB beyond it
         assert cap is not None and cap.limit_bytes == 64 * 2**20
         assert cap.baseline_bytes == pytest.approx(status_bytes("VmRSS"), rel=0.2)  # the resident set then
         assert cap.used(cap.baseline_bytes + 5) == 5 and cap.used(0) == 0
