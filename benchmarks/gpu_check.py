@@ -1,8 +1,10 @@
-"""One-shot GPU check that fits a short slot of GPU time (540 s from a bare machine, install included): the
-CUDA tests, a real 20m train, the CUDA graph, a short workflow rehearsal, throughput against the reference
-GH200 figures and the peers, in that order (least known first).
+"""One-shot GPU check that fits a short slot of GPU time (540 s, torch's and the package's probes included):
+the CUDA tests, a real 20m train, the CUDA graph, Muon, a pair of throughput-map points under a memory cap, a
+short workflow rehearsal, throughput against the reference GH200 figures and the peers, in that order (least
+known first).
 
-Run through ``benchmarks/gpu_check.sh`` (it installs, checks CUDA and calls ``run``). This file uses only the
+Run through ``benchmarks/gpu_check.sh`` (it probes torch, which it never installs, checks CUDA and calls
+``run``). This file uses only the
 standard library: every measurement is a subprocess (``python -m tiny_llm ...``, ``pytest``, or a script of
 benchmarks/) whose JSON output is read back, so it does not depend on the library's internal module layout.
 The data come from the library's own commands (``build-demo-corpus``, ``train-tokenizer``, ``prepare``), as
@@ -43,7 +45,16 @@ from xml.etree import ElementTree
 
 GIB = 1024**3
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BUDGET = 540.0  # seconds from the start, install included (gpu_check.sh --budget)
+DEFAULT_BUDGET = 540.0  # seconds from the start, the probes included (gpu_check.sh --budget)
+
+
+def torch_pin() -> str | None:
+    """The torch version envs/torch.yaml pins (the tested one)."""
+    with contextlib.suppress(OSError):
+        found = re.search(r"torch==([\d.]+)", (REPO / "envs" / "torch.yaml").read_text())
+        return found[1] if found else None
+    return None
+
 
 # Reference GH200 figures (SPEC §5 and §7): 32,768-token updates, compiled, micro 32, bf16, synthetic data.
 REFERENCE_TOKENS_PER_SECOND = {"20m": 1_636_281, "50m": 871_826, "90m": 508_930}
@@ -212,18 +223,25 @@ def sets(*pairs: str) -> list[str]:
 # ----------------------------------------------------------------------------- the steps (README's table)
 
 
+# The default benchmark sizes: 50m (measured at 978,772 tok/s on the H200, 30 Nov 2026) runs with --only.
+DEFAULT_BENCH_SIZES = ("20m", "90m")
+
+
 def steps(s: Setup) -> list[Step]:
     """The default steps, least known first (the order of the table in benchmarks/README.md): the environment,
-    the CUDA tests, one real default-recipe 20m train (data first), the CUDA graph, the workflow rehearsal,
-    the benchmarks at 20m/50m/90m, the peers. Their budgets and the install's add up to at most 540 s."""
+    the CUDA tests, one real default-recipe 20m train (data first), the CUDA graph, Muon, two throughput-map
+    points, the workflow rehearsal, the benchmarks at 20m and 90m, the peers. Their budgets and the probes'
+    add up to at most 540 s."""
     return [
         env(s),
         pytest_cuda(s),
         data(s),
         train_20m(s),
         cuda_graph(s),
+        muon(s),
+        map_points(s),
         workflow(s),
-        *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND),
+        *(bench(s, size) for size in DEFAULT_BENCH_SIZES),
         peers(s),
     ]
 
@@ -231,6 +249,7 @@ def steps(s: Setup) -> list[Step]:
 def more_steps(s: Setup) -> list[Step]:
     """Steps only ``--only`` runs (they do not fit the default budget)."""
     return [
+        *(bench(s, size) for size in REFERENCE_TOKENS_PER_SECOND if size not in DEFAULT_BENCH_SIZES),
         packed_n4(s),
         train_resume(s),
         compile_mode(s),
@@ -274,8 +293,15 @@ def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     if len(results) > 1 and results[1].get("rc") == 0:
         extra["nvidia_smi"] = Path(results[1]["stdout_log"]).read_text().strip()
     ok = results[0].get("rc") == 0 and (info.get("cuda_available") or not s.gpu)
-    detail = f"torch {info.get('torch')} cuda {info.get('cuda')} device {info.get('device_name') or 'cpu'}"
-    return {"status": "ok" if ok else "failed", "environment": info, **extra, "detail": detail}
+    found, pin = info.get("torch"), torch_pin()
+    matches = bool(found and pin) and str(found).split("+")[0] == pin
+    relation = "the pin" if matches else "differs; the library runs on 2.10 and later"
+    detail = (
+        f"torch {found} (pin {pin}: {relation}) "
+        f"cuda {info.get('cuda')} device {info.get('device_name') or 'cpu'} x{info.get('device_count')}"
+    )
+    out = {"status": "ok" if ok else "failed", "environment": info, **extra, "detail": detail}
+    return {**out, "torch_pin": pin, "torch_matches_pin": matches}
 
 
 def data(s: Setup) -> Step:
@@ -391,7 +417,9 @@ def pytest_cuda(s: Setup) -> Step:
     return Step(
         "pytest-cuda",
         "python -m pytest -q -m cuda (the tests/unit modules that mark tests cuda)",
-        [Command("pytest-cuda", argv, s.on(30, 600), expect_rc=(0,))],
+        # estimate: a pytest start, four tiny compiles on the device (~10 s each; 20m's took 19 s), a tiny
+        # train, two in-process benchmark workers; on two GPUs the DDP test too. Not measured yet.
+        [Command("pytest-cuda", argv, s.on(100, 600), expect_rc=(0,))],
         partial(check_pytest, s, junit),
         min_seconds=s.on(15, 30),
     )
@@ -457,7 +485,20 @@ def check_pytest(s: Setup, junit: Path, results: list[dict[str, Any]]) -> dict[s
     else:
         out["status"] = "ok"
     out["detail"] = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no pytest summary line"
+    out["ddp"] = ddp_outcome(tests)
+    out["detail"] += f"; DDP on two GPUs: {out['ddp']}"
     return out
+
+
+DDP_TEST = "test_two_ranks_on_two_gpus_train_through_the_launcher"
+
+
+def ddp_outcome(tests: dict[str, str]) -> str:
+    """The two-GPU DDP test's outcome: passed, failed, or skipped (one GPU); 'not run' without it."""
+    found = [outcome for name, outcome in tests.items() if name.endswith(DDP_TEST)]
+    if not found:
+        return "not run"
+    return "skipped (one GPU)" if found[0] == "skipped" else found[0]
 
 
 GRAPH_TEST_WORDS = ("graph", "captur")  # tests/unit/test_cuda.py: test_the_captured_update_trains_...
@@ -533,6 +574,147 @@ def compare_cuda_graph(s: Setup) -> dict[str, Any]:
     speedup = record["tokens_per_second"] / without
     detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
     return {"speedup_over_no_graph": speedup, "detail": detail}
+
+
+def muon(s: Setup) -> Step:
+    """Muon on the device: a short `train` of the tiny shape under optimizer.name muon on the check's cache
+    (the batched Newton-Schulz step, its device-side non-finite skip, a loss that falls), then Muon's
+    optimizer step against AdamW's at the 20m shape (benchmarks/optimizer_cost.py, eager: the optimizer
+    does not depend on compile)."""
+    run_dir = s.work / "muon-train"
+    recipe = s.train_recipe(run_dir, compile_=False, extra=["optimizer.name=muon", *TRAIN_TINY_SETS])
+    cost = [s.py, str(REPO / "benchmarks" / "optimizer_cost.py"), "--device", s.on("cuda", "cpu")]
+    cost += ["--shapes", s.on("20m", "tiny"), "--threads", s.on("8", "2"), "--set", "runtime.compile=false"]
+    cmds = [
+        # estimates from the CPU smoke's and the H200's process starts (~4 s); not measured on a GPU yet
+        Command("muon.train", s.tiny_llm("train", *recipe, "--quiet"), s.on(15, 300)),
+        Command("muon.optimizer-cost", cost, s.on(20, 600)),
+    ]
+    return Step(
+        "muon",
+        "a short Muon train (tiny shape), then the optimizer step of Muon against AdamW at 20m "
+        "(benchmarks/optimizer_cost.py)",
+        cmds,
+        partial(check_muon, s, run_dir),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    status_json = read_json(run_dir / "status.json") or {}
+    copy_run_files(run_dir, s.out / "muon-train")
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
+    cost: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        cost = json.loads(Path(results[1]["stdout_log"]).read_text())["cases"]
+    shape = next(iter(cost.values()), {})
+    ratio = (shape.get("muon_over_adamw") or {}).get("optimizer_ms")
+    trained = status_json.get("status") == "complete" and len(losses) > 1 and losses[-1] < losses[0]
+    out: dict[str, Any] = {
+        "run_status": status_json.get("status"),
+        "train_losses": losses,
+        "optimizer_cost": cost,
+        "muon_over_adamw_optimizer": ratio,
+        "muon_optimizer_ms": (shape.get("muon") or {}).get("optimizer_ms"),
+        "adamw_optimizer_ms": (shape.get("adamw") or {}).get("optimizer_ms"),
+    }
+    out["status"] = "ok" if trained and ratio else "failed"
+    if out["status"] != "ok":
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = (
+            "; ".join(errors) or f"run {status_json.get('status')}, losses {losses[:1]}..{losses[-1:]}"
+        )
+    first, last = (losses[0], losses[-1]) if losses else (None, None)
+    muon_ms, adamw_ms = out["muon_optimizer_ms"], out["adamw_optimizer_ms"]
+    out["detail"] = (
+        f"train {status_json.get('status')} (loss {fmt(first, '.3f')} -> {fmt(last, '.3f')}); optimizer step "
+        f"Muon {fmt(muon_ms, '.1f')} ms vs AdamW {fmt(adamw_ms, '.1f')} ms ({fmt(ratio, '.1f')}x)"
+    )
+    return out
+
+
+# A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
+# that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
+# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
+# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
+# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
+MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
+
+
+def map_points(s: Setup) -> Step:
+    """Two points of the throughput map (`throughput point`, each its own benchmark-worker process) under a
+    memory cap: one that fits, one a real out-of-memory of the CUDA caching allocator (status memory_limit);
+    runtime.memory_limit_mb on the device too. The recipe is `resolve`'s output."""
+    size, context, cap, fits, too_big = MAP_POINTS[s.mode]
+    recipe_cmd = Command(
+        "map-points.recipe",
+        s.tiny_llm(
+            "resolve",
+            "--config",
+            size,
+            *s.runtime_sets(compile_=False),
+            *sets("model.vocab_size=32000", f"runtime.memory_limit_mb={cap}"),
+        ),  # fmt: skip
+        s.on(5, 60),
+    )
+    recipe = s.out / "logs" / "map-points.recipe.stdout.log"  # resolve prints the recipe
+    protocol = ["--data-mode", "synthetic", "--warmup", "2", "--steps", s.on("3", "1"), "--windows", "1"]
+    outputs = {micro: s.work / f"map-point-m{micro}.json" for micro in (fits, too_big)}
+    cmds = [recipe_cmd] + [
+        Command(
+            f"map-points.m{micro}",
+            s.tiny_llm(
+                "throughput",
+                "point",
+                "--recipe",
+                str(recipe),
+                "--context",
+                str(context),
+                "--micro",
+                str(micro),
+                *protocol,
+                "--timeout-seconds",
+                str(s.on(14, 300)),
+                "--output",
+                str(output),
+            ),  # fmt: skip
+            s.on(15, 300),  # estimate: a process start and a few eager 20m updates; not measured yet
+        )
+        for micro, output in outputs.items()
+    ]
+    return Step(
+        "map-points",
+        f"throughput-map points of {size} at {context} tokens under runtime.memory_limit_mb {cap}: "
+        f"micro {fits} fits, micro {too_big} is a real out-of-memory",
+        cmds,
+        partial(check_map_points, s, outputs, (fits, too_big)),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_map_points(
+    s: Setup, outputs: dict[int, Path], micros: tuple[int, int], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    points = {micro: read_json(path) or {} for micro, path in outputs.items()}
+    for micro, point in points.items():
+        write_json(s.out / f"map-point-m{micro}.json", point)
+    fits, too_big = (points[m] for m in micros)
+    ok = fits.get("status") == "ok" and bool(fits.get("tokens_per_second"))
+    ok = ok and too_big.get("status") == "memory_limit"
+    out: dict[str, Any] = {
+        "status": "ok" if ok else "failed",
+        "points": points,
+        "tokens_per_second": fits.get("tokens_per_second"),
+        "peak_memory_bytes": fits.get("peak_memory_bytes"),
+        "detail": (
+            f"micro {micros[0]}: {fits.get('status')} ({fmt_int(fits.get('tokens_per_second'))} tok/s); "
+            f"micro {micros[1]}: {too_big.get('status')} ({str(too_big.get('error'))[:80]})"
+        ),
+    }
+    if not ok:
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = "; ".join(errors) or f"points: {fits.get('status')}, {too_big.get('status')}"
+    return out
 
 
 # The 20m train: the preset's recipe (131,072-token updates, micro 128, compiled update and evaluation,
@@ -753,7 +935,7 @@ def peers(s: Setup) -> Step:
     script = str(REPO / "benchmarks" / "peers.py")
     cmds = [
         # estimate: a process start and a 20m compile (~19 s) each; not measured yet
-        Command(f"peers.{name}", [s.py, script, *shape, *protocol, "--peers", name], s.on(33, 300))
+        Command(f"peers.{name}", [s.py, script, *shape, *protocol, "--peers", name], s.on(30, 300))
         for name in PEERS[s.mode]
     ]
     return Step(
@@ -1380,7 +1562,7 @@ def select(default: list[Step], more: list[Step], only: str | None) -> list[Step
     if unknown:
         print(f"error: --only: unknown step(s) {sorted(unknown)}; steps: {[s.name for s in every]}")
         raise SystemExit(2)
-    if wanted & {"train-20m", "train-resume", "compile-mode"}:
+    if wanted & {"train-20m", "train-resume", "compile-mode", "muon"}:
         wanted.add("data")  # they train on the check's cache
     if "cuda-graph-20m" in wanted:
         wanted |= {"pytest-cuda", "bench-20m"}  # its correctness, then its figure without the graph

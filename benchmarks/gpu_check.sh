@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# One-shot GPU check for a fresh machine with one NVIDIA GPU, sized for a short slot of GPU time: at most
-# 540 s from a bare machine, install included (the budgets of the install and of every step add up to that).
+# One-shot GPU check for a machine with one NVIDIA GPU and a working torch, sized for a short slot of GPU
+# time: at most 540 s, its probes included (the budgets of the probes and of every step add up to that).
 #
-#   bash benchmarks/gpu_check.sh               # install if needed, check CUDA, run the default steps
-#   bash benchmarks/gpu_check.sh --no-install  # use the Python environment as it is
+#   bash benchmarks/gpu_check.sh               # probe torch and the package, check CUDA, run the default steps
+#   bash benchmarks/gpu_check.sh --install     # also `pip install -e .[dev]` when the package does not import
 #   bash benchmarks/gpu_check.sh --dry-run     # print every command with its budget and the sum (CPU, nothing run)
 #   bash benchmarks/gpu_check.sh --cpu-smoke   # the same steps with tiny settings on the CPU (proves the parsing)
 #
-# Options: --budget SECONDS (default 540, counted from the start, install included; 3600 with --cpu-smoke),
-# --only STEP[,STEP...] (the default steps, or packed-n4, train-resume, compile-mode, kernel-math,
-# kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY.
+# Options: --budget SECONDS (default 540, counted from the start, probes included; 3600 with --cpu-smoke),
+# --only STEP[,STEP...] (the default steps, or bench-50m, packed-n4, train-resume, compile-mode, kernel-math,
+# kernel-efficient, kernel-flash, kernel-cudnn, kernel-efficient-compiled), --python PY, --install,
+# --no-install (the default; kept for old command lines).
 #
-# Default steps, least known first, budget in s: env 8 (torch/CUDA, nvidia-smi); pytest-cuda 30 (pytest -m cuda
-# tests/unit, pass/fail counts); data 20 (demo corpus, 512-token BPE, cache); train-20m 45 (one default-recipe
-# 20m train: rows' tokens/s vs the updates' wall clock and bench-20m); cuda-graph-20m 40 (graph tests' outcome,
-# then bench-20m with the whole update as one CUDA graph); workflow 70 (benchmarks/gpu_workflow.py: tuning to
-# selected.yaml, campaign stage 1 with 2 seeds, SIGTERM to the controller, rerun); bench-20m/50m/90m 40/42/50
-# (benchmark worker at the reference settings against the GH200 figures); peers 66 (benchmarks/peers.py:
-# library vs transformers compiled). Install 125: import check 15, torch 70, the package 30, CUDA check 10.
+# torch is never installed or reinstalled: a torch that imports is used as it is (its version is reported
+# against the pin, torch==2.13.0 in envs/torch.yaml; the library runs on 2.10 and later), and one that does not
+# import stops the check in one line (a CUDA torch needs a network and minutes: docs/cluster.md, "A CUDA torch").
+# A slow import (a cold disk) only costs its timeout. --install runs pip for the package with the found torch
+# pinned as a constraint, so pip can never replace it.
+#
+# Default steps, least known first, budget in s: env 8 (torch/CUDA, nvidia-smi); pytest-cuda 100 (pytest -m cuda
+# tests/unit: the captured and the compiled-and-captured update against the ordinary engine, the finite guard's
+# skip inside a replayed graph, Muon on the device, the memory cap, compiled graphs' peak floor, DDP on 2 GPUs
+# where there are two, one GPU: skipped); data 20 (demo corpus, 512-token BPE, cache); train-20m 45 (one
+# default-recipe 20m train: rows' tokens/s vs the updates' wall clock and bench-20m); cuda-graph-20m 40 (graph
+# tests' outcome, then bench-20m with the whole update as one CUDA graph); muon 35 (a short Muon train, and
+# Muon's optimizer step against AdamW's at 20m: benchmarks/optimizer_cost.py); map-points 35 (two throughput-map
+# points of 20m under runtime.memory_limit_mb: one fits, one is a real CUDA out-of-memory); workflow 70
+# (benchmarks/gpu_workflow.py: tuning to selected.yaml, campaign stage 1 with 2 seeds, SIGTERM to the
+# controller, rerun); bench-20m/90m 40/50 (benchmark worker at the reference settings against the GH200
+# figures); peers 60 (benchmarks/peers.py: library vs transformers compiled). Probes 35: torch 25 (version, CUDA),
+# the package 10; --install adds pip 60.
 # One line per step; one JSON per step, summary.json and every command's stdout/stderr under $OUT, or
 # results/gpu-check/ when OUT is unset. A failed or timed-out step is recorded and the next one runs; a step
 # the budget cut off is recorded as skipped_budget.
@@ -26,11 +38,11 @@ set -u -o pipefail
 START=$(date +%s)
 DRY_RUN=0
 CPU_SMOKE=0
-NO_INSTALL=0
+INSTALL=0
 BUDGET=""
 ONLY=""
 PY="${PYTHON:-}"
-TORCH_PIN="torch==2.13.0"  # envs/torch.yaml
+TORCH_PIN="$(sed -n 's/^ *- *torch==\([0-9.]*\).*/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../envs/torch.yaml" | head -n 1)"
 
 usage() { sed -n '2,/^set /p' "$0" | sed -n 's/^# \{0,1\}//p'; }
 
@@ -38,7 +50,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
         --cpu-smoke) CPU_SMOKE=1 ;;
-        --no-install) NO_INSTALL=1 ;;
+        --no-install) INSTALL=0 ;;
+        --install) INSTALL=1 ;;
         --budget) BUDGET="${2:?--budget needs seconds}"; shift ;;
         --budget=*) BUDGET="${1#*=}" ;;
         --only) ONLY="${2:?--only needs step names}"; shift ;;
@@ -65,20 +78,18 @@ if [ -z "$BUDGET" ]; then
 fi
 DEADLINE=$((START + BUDGET))
 
-# The install's budget (s): the import check, the two pip commands, the CUDA check. On a fast network; not
-# measured on a bare machine (the H200 the figures come from had torch installed and no network).
-IMPORT_TIMEOUT=15
-CUDA_TIMEOUT=10
-INSTALL_CMDS=(
-    "timeout 70 $PY -m pip install $TORCH_PIN"
-    "timeout 30 $PY -m pip install -e .[dev]"
-)
-INSTALL_SECONDS=$((IMPORT_TIMEOUT + 70 + 30 + CUDA_TIMEOUT))
-# The data step builds the demo corpus from the gensim wheel's files (demo extra), the workflow step runs
-# snakemake (workflow extra), pytest-cuda pytest, the peers transformers: the dev extra has them all.
-IMPORT_CHECK="import torch, tiny_llm, numpy, yaml, tokenizers, safetensors, datasets, gensim, snakemake, pytest"
-IMPORT_CHECK="$IMPORT_CHECK, transformers"
-CUDA_CHECK='import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'
+# The probes' budget (s). torch's import took 3.8 s on the H200 (30 Nov 2026, env step); a cold disk takes
+# longer, and a probe that times out only costs its timeout: it never starts pip.
+TORCH_TIMEOUT=25
+PACKAGE_TIMEOUT=10
+PIP_TIMEOUT=60
+INSTALL_SECONDS=$((TORCH_TIMEOUT + PACKAGE_TIMEOUT))
+[ "$INSTALL" = 1 ] && INSTALL_SECONDS=$((INSTALL_SECONDS + PIP_TIMEOUT))
+TORCH_PROBE='import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())'
+# The package and what every step needs; the data step's gensim, the workflow's snakemake, pytest and the
+# peers' transformers are reported when missing (the steps that need them fail on their own).
+PACKAGE_CHECK="import tiny_llm, numpy, yaml, tokenizers, safetensors"
+OPTIONAL_MODULES="datasets gensim snakemake pytest transformers"
 
 RUN_ARGS=(benchmarks/gpu_check.py run --mode "$MODE" --out "$OUT_DIR" --deadline "$DEADLINE" --budget "$BUDGET"
     --install-seconds "$INSTALL_SECONDS")
@@ -86,11 +97,13 @@ RUN_ARGS=(benchmarks/gpu_check.py run --mode "$MODE" --out "$OUT_DIR" --deadline
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "# gpu_check --dry-run: mode $MODE, output $OUT_DIR, budget ${BUDGET} s; nothing is executed"
-    echo "# install (budget ${INSTALL_SECONDS} s; skipped with --no-install/--cpu-smoke, or when the import check works):"
-    echo "timeout $IMPORT_TIMEOUT $PY -c \"$IMPORT_CHECK\""
-    for c in "${INSTALL_CMDS[@]}"; do echo "$c"; done
-    echo "# CUDA check (gpu mode; stops with a clear line if CUDA is not available):"
-    echo "timeout $CUDA_TIMEOUT $PY -c '$CUDA_CHECK'"
+    echo "# probes (budget ${INSTALL_SECONDS} s): torch (never installed: one that does not import stops the check), the package"
+    echo "timeout $TORCH_TIMEOUT $PY -c '$TORCH_PROBE'"
+    echo "timeout $PACKAGE_TIMEOUT $PY -c \"$PACKAGE_CHECK\""
+    if [ "$INSTALL" = 1 ]; then
+        echo "# --install, when the package does not import (the found torch a constraint: pip cannot replace it):"
+        echo "timeout $PIP_TIMEOUT $PY -m pip install -e .[dev] --constraint <(echo torch==FOUND)"
+    fi
     # The steps are listed by the same code that runs them (standard library only, no torch needed).
     exec "$PY" "${RUN_ARGS[@]}" --dry-run
 fi
@@ -98,33 +111,47 @@ fi
 mkdir -p "$OUT_DIR/logs" || exit 2
 echo "gpu_check: mode $MODE, python $(command -v "$PY"), output $OUT_DIR, budget ${BUDGET} s"
 
-# ------------------------------------------------------------------ install (skippable)
-if [ "$NO_INSTALL" = 1 ] || [ "$CPU_SMOKE" = 1 ]; then
-    echo "[install] skipped (--no-install / --cpu-smoke)"
-elif timeout "$IMPORT_TIMEOUT" "$PY" -c "$IMPORT_CHECK" >"$OUT_DIR/logs/install.check.log" 2>&1; then
-    echo "[install] skipped: torch and tiny_llm already import ($("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null))"
+# ------------------------------------------------------------------ torch: probed, never installed
+found=$(timeout "$TORCH_TIMEOUT" "$PY" -c "$TORCH_PROBE" 2>"$OUT_DIR/logs/torch.probe.log")
+rc=$?
+if [ $rc = 124 ]; then
+    echo "[torch] import did not finish in ${TORCH_TIMEOUT} s (a cold disk?); going on, the steps import it themselves"
+elif [ $rc != 0 ]; then
+    echo "gpu_check: torch does not import with $PY (see $OUT_DIR/logs/torch.probe.log); it is never installed" \
+        "here: install a CUDA build first (docs/cluster.md, 'A CUDA torch') - stopping"
+    tail -n 3 "$OUT_DIR/logs/torch.probe.log" | sed 's/^/    /'
+    exit 3
 else
-    i=0
-    for c in "${INSTALL_CMDS[@]}"; do
-        i=$((i + 1))
-        t0=$(date +%s)
-        if $c >"$OUT_DIR/logs/install.$i.stdout.log" 2>"$OUT_DIR/logs/install.$i.stderr.log"; then
-            echo "[install] ok: $c ($(( $(date +%s) - t0 )) s)"
-        else
-            echo "[install] FAILED (exit $?): $c ($(( $(date +%s) - t0 )) s); see $OUT_DIR/logs/install.$i.stderr.log"
-            tail -n 3 "$OUT_DIR/logs/install.$i.stderr.log" | sed 's/^/    /'
-        fi
-    done
-fi
-
-# ------------------------------------------------------------------ CUDA check
-if [ "$MODE" = gpu ]; then
-    if ! timeout "$CUDA_TIMEOUT" "$PY" -c "$CUDA_CHECK" >"$OUT_DIR/logs/cuda.check.log" 2>&1; then
-        echo "gpu_check: CUDA is not available to $PY (torch.cuda.is_available() is False or torch does not import;" \
-            "see $OUT_DIR/logs/cuda.check.log) - stopping. Use --cpu-smoke for a CPU run."
-        tail -n 3 "$OUT_DIR/logs/cuda.check.log" | sed 's/^/    /'
+    read -r version cuda available <<<"$found"
+    relation="the pin"
+    [ "${version%%+*}" != "$TORCH_PIN" ] && relation="differs from the pin; the library runs on 2.10 and later"
+    echo "[torch] torch $version (pin $TORCH_PIN: $relation), CUDA $cuda, cuda available: $available"
+    if [ "$MODE" = gpu ] && [ "$available" != True ]; then
+        build="a CPU-only build"
+        [ "$cuda" != None ] && build="built for CUDA $cuda but sees no GPU (driver? CUDA_VISIBLE_DEVICES?)"
+        echo "gpu_check: torch $version here is $build; install a CUDA build for $(uname -m) (docs/cluster.md," \
+            "'A CUDA torch') - stopping. Use --cpu-smoke for a CPU run."
         exit 3
     fi
+fi
+
+# ------------------------------------------------------------------ the package (pip only with --install)
+if timeout "$PACKAGE_TIMEOUT" "$PY" -c "$PACKAGE_CHECK" >"$OUT_DIR/logs/package.check.log" 2>&1; then
+    missing=$(timeout "$PACKAGE_TIMEOUT" "$PY" -c "import importlib.util as u; print(' '.join(m for m in '$OPTIONAL_MODULES'.split() if u.find_spec(m) is None))" 2>/dev/null)
+    echo "[package] imports${missing:+; missing (their steps fail): $missing}"
+elif [ "$INSTALL" = 1 ] && [ -n "${version:-}" ]; then
+    t0=$(date +%s)
+    if timeout "$PIP_TIMEOUT" "$PY" -m pip install -e ".[dev]" --constraint <(echo "torch==$version") \
+        >"$OUT_DIR/logs/install.stdout.log" 2>"$OUT_DIR/logs/install.stderr.log"; then
+        echo "[install] ok: pip install -e .[dev], torch $version kept ($(( $(date +%s) - t0 )) s)"
+    else
+        echo "[install] FAILED ($(( $(date +%s) - t0 )) s); see $OUT_DIR/logs/install.stderr.log"
+        tail -n 3 "$OUT_DIR/logs/install.stderr.log" | sed 's/^/    /'
+    fi
+else
+    echo "[package] does not import (see $OUT_DIR/logs/package.check.log); the steps will fail: put the package" \
+        "and its dependencies on PYTHONPATH, or rerun with --install where there is a network"
+    tail -n 3 "$OUT_DIR/logs/package.check.log" | sed 's/^/    /'
 fi
 
 "$PY" "${RUN_ARGS[@]}"

@@ -19,6 +19,7 @@ from tiny_llm.errors import TinyLLMError
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tiny_llm.commands.train", "train (or resume) one recipe into runtime.output_dir"),
+    "launch": ("tiny_llm.commands.launch", "start a training job's runtime.num_gpus ranks on this node"),
     "evaluate": ("tiny_llm.commands.evaluate", "validation loss of a checkpoint as JSON"),
     "describe": ("tiny_llm.commands.describe", "print a recipe's parameters, budget and cache needs as JSON"),
     "resolve": ("tiny_llm.commands.resolve", "print a merged, validated recipe as YAML"),

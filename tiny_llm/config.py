@@ -106,9 +106,9 @@ class OptimizerConfig:
     muon (set under adamw, they are refused). grad_clip and the schedule keys apply under both."""
 
     name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
-    """adamw: AdamW on every parameter. muon: torch.optim.Muon on the blocks' 2-D matrices (q/k/v/out,
-    gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over the workers); not
-    with runtime.cuda_graph."""
+    """adamw: AdamW on every parameter. muon: torch's Muon, batched per matrix shape, on the blocks' 2-D
+    matrices (q/k/v/out, gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over
+    the workers too); not with runtime.cuda_graph."""
     lr: float = 1e-3
     """Peak learning rate (AdamW's; under muon, of the embedding/head and norm scales)."""
     beta1: float = 0.9
@@ -219,12 +219,14 @@ class RuntimeConfig:
     cpu_threads: int | None = 8
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
     memory_limit_mb: int | None = field(default=None, metadata={"late": True, "maximum": 2**24})
-    """benchmark-worker only: MiB the measurement may allocate (CPU: beyond what the set-up process holds;
-    CUDA: of device memory); more raises an out-of-memory like CUDA's. null = no cap; at most 2**24 (16 TiB,
-    more than any machine holds)."""
+    """benchmark-worker only: MiB the measurement may allocate beyond what the process holds once its engine
+    is built (CPU: the data segment; CUDA: the caching allocator's reservation); more raises an out-of-memory
+    like CUDA's, and a peak at 90% of it is recorded as one. null = no cap; at most 2**24 (16 TiB, more than
+    any machine holds)."""
     num_gpus: int = 1
-    """Data-parallel ranks of one model (`torchrun --nproc-per-node num_gpus`; on the CPU, gloo processes):
-    each takes its share of every update's microbatches; batch, budget and data order stay one process's."""
+    """Data-parallel ranks of one model (`tiny_llm launch --nproc-per-node num_gpus`, or torchrun; on the CPU,
+    gloo processes): each takes its share of every update's microbatches; batch, budget and data order stay
+    one process's."""
     output_dir: str = "runs/default"
     """Run directory (a leading ~ is the home directory)."""
 

@@ -43,8 +43,9 @@ def run_training(
     keep: tuple[Path, ...] = (),
 ) -> int:
     """Train ``recipe`` into runtime.output_dir (exit codes, set_aside_changed: ``tiny_llm.train.loop``;
-    ``plan``: a trunk's stop and kept states, or a branch's starting state). Under torchrun (or with
-    runtime.num_gpus > 1) this process trains as one rank of ``tiny_llm.train.distributed``."""
+    ``plan``: a trunk's stop and kept states, or a branch's starting state). Under `tiny_llm launch` or
+    torchrun (or with runtime.num_gpus > 1) this process trains as one rank of
+    ``tiny_llm.train.distributed``."""
 
     def train(rank_recipe: RecipeConfig, follower: bool) -> int:
         return session.run_training(

@@ -1,5 +1,5 @@
 """A size with num_gpus: 2 through a real Slurm cluster with profiles/slurm: one sbatch job on one node with
-two CPUs (the size's 1 thread per rank), in which torchrun runs 2 gloo ranks to a complete run."""
+two CPUs (the size's 1 thread per rank), in which `tiny_llm launch` runs 2 gloo ranks to a complete run."""
 
 from __future__ import annotations
 
@@ -75,4 +75,4 @@ def test_a_two_rank_size_runs_as_one_slurm_job_of_two_cpu_ranks(
     assert environment["slurm"]["SLURM_CPUS_PER_TASK"] == "2" and environment["threads"] == 1  # per rank
     job_log = (tmp_path / "logs" / "train_run" / f"{RUN}.log").read_text(encoding="utf-8")
     assert "final validation loss" in job_log
-    assert "torchrun --standalone --nproc-per-node 2" in train.log.read_text(encoding="utf-8")
+    assert "python -m tiny_llm launch --nproc-per-node 2" in train.log.read_text(encoding="utf-8")

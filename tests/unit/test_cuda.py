@@ -1,6 +1,7 @@
 """What only a CUDA device shows (the `cuda` marker; skipped with a reason elsewhere, run by the GPU check,
-benchmarks/gpu_check.sh): the captured update trains the ordinary engine's model, a real run's train rows
-report the rate its updates really ran at, the finite guard on the device, and compiled evaluation."""
+benchmarks/gpu_check.sh): the captured update (compiled or not) trains the ordinary engine's model, a real
+run's train rows report the rate its updates really ran at, the finite guard skips inside a replayed graph,
+compiled evaluation, Muon on the device, the memory cap, and the peak floor of compiled CUDA graphs."""
 
 from __future__ import annotations
 
@@ -73,24 +74,150 @@ def test_the_captured_update_trains_the_ordinary_engines_model() -> None:
     graph.check_finite()
 
 
-def test_the_finite_guard_on_the_device_keeps_the_last_finite_weights_and_names_the_step() -> None:
+def test_the_compiled_and_captured_update_trains_the_compiled_ordinary_engines_model() -> None:
+    """runtime.compile with runtime.cuda_graph: the compiled loss inside the captured update, against the
+    ordinary engine's compiled update (6 full updates: warm-up, capture, replays)."""
+    r = recipe("training.micro_batch_size=4", "runtime.compile=true")
+    device = torch.device("cuda")
+    data = batches([8] * 6)
+    ordinary, graph = ModelEngine(r, device), GraphEngine(r, device)
+    sa, sb = run(ordinary, data), run(graph, data)
+    assert graph.replay is not None
+    losses_a = torch.tensor([s.read() for s in sa])
+    losses_b = torch.tensor([s.read() for s in sb])
+    torch.testing.assert_close(losses_b, losses_a, rtol=1e-3, atol=1e-5)
+    for p, q in zip(ordinary.params, graph.params, strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-3, atol=1e-5)
+    graph.check_finite()
+
+
+def test_the_finite_guard_skips_a_non_finite_update_inside_a_replayed_graph() -> None:
+    """The NaN arises in a replay of the one capture, not in an eager update: a weight the graph reads turns
+    NaN in place, so the captured finite flag and fused AdamW's skip act inside the graph. The weights and
+    AdamW's state stay the last finite update's, a finite update after it is skipped too, and the run's
+    check names the step."""
     engine = GraphEngine(recipe("training.micro_batch_size=8"), torch.device("cuda"))
     data = batches([8] * (WARMUP_UPDATES + 3))
-    k = WARMUP_UPDATES + 2  # a replayed update
+    k = WARMUP_UPDATES + 2  # the capture was update WARMUP_UPDATES + 1: update k replays it
     run(engine, data[: k - 1])
+    captured = engine.replay
+    assert captured is not None
     weights = [p.detach().clone() for p in engine.params]
     state = copy.deepcopy(engine.optimizer.state_dict()["state"])
-    finite = engine._compiled_loss
-    engine.replay, engine.warm_updates = None, 0  # capture again with the NaN-producing loss
-    engine._compiled_loss = lambda i, t: finite(i, t) * float("nan")  # type: ignore[method-assign]
+    norm = engine.model.norm.weight
+    kept = float(norm[0])
+    with torch.no_grad():
+        norm[0] = float("nan")  # in place: the memory the captured kernels read
     engine.train_step(data[k - 1], 1e-3, k)
-    engine._compiled_loss = finite  # type: ignore[method-assign]
+    with torch.no_grad():
+        norm[0] = kept
     engine.train_step(data[k], 1e-3, k + 1)  # finite, but the run failed at step k: skipped too
+    assert engine.replay is captured  # both were replays, no new capture
     assert all(torch.equal(p, q) for p, q in zip(engine.params, weights, strict=True))
     for index, values in engine.optimizer.state_dict()["state"].items():
         assert all(torch.equal(values[key], state[index][key]) for key in ("step", "exp_avg", "exp_avg_sq"))
     with pytest.raises(NonFiniteError, match=rf"step {k}: non-finite loss"):
         engine.check_finite()
+
+
+def test_muon_on_the_device_is_torchs_muon_and_reads_nothing_on_the_host() -> None:
+    """The batched Muon step on CUDA against torch.optim.Muon per matrix (BF16 Newton-Schulz in other
+    kernels: BF16-sized differences), and the guarded update makes no host read."""
+    from host_reads import HostReads
+
+    from tiny_llm.runtime.optim import BatchedMuon, hidden_matrices
+
+    device = torch.device("cuda")
+    engine = ModelEngine(recipe("optimizer.name=muon", "training.micro_batch_size=4"), device)
+    hidden = hidden_matrices(engine.model)
+    start = [p.detach().clone() for p in hidden]
+    ours = [p.detach().clone().requires_grad_() for p in hidden]
+    settings = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
+    reference, batched = torch.optim.Muon(hidden, **settings), BatchedMuon(ours, **settings)
+    gen = torch.Generator(device=device).manual_seed(3)
+    for _ in range(3):
+        for p, q in zip(hidden, ours, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen, device=device)
+            q.grad = p.grad.clone()
+        reference.step()
+        batched.step()
+    for p, q, p0 in zip(hidden, ours, start, strict=True):  # the updates agree to BF16 rounding
+        assert float((q - p).norm() / (p - p0).norm()) < 0.02
+    engine.train_step(batches([8])[0], 1e-3, 1)  # the optimizer's lazy state
+    with HostReads() as reads:
+        engine.train_step(batches([8], seed=6)[0], 1e-3, 2)
+    assert reads.count == 0, reads.what
+    engine.check_finite()
+
+
+def test_the_memory_cap_on_cuda_counts_beyond_the_built_engine_and_is_lifted() -> None:
+    """runtime.memory_limit_mb on CUDA: a cap too small for an update's activations is an out-of-memory
+    (status memory_limit, CUDA's own error), a roomy one measures with the cap and its baseline recorded and
+    the peak beyond that baseline under 90% of it; after either, the device's whole memory is usable again."""
+    from tiny_llm.bench.worker import WorkerOptions, run_worker
+
+    options = WorkerOptions(data_mode="synthetic", warmup=1, steps=2, windows=1)
+    shape = ("model.vocab_size=32000", "training.batch_tokens=2048", "training.micro_batch_size=32")
+    small = run_worker(recipe(*shape, "runtime.memory_limit_mb=8"), options)
+    assert small["status"] == "memory_limit" and small["error"].startswith("out of memory")
+    roomy = run_worker(recipe(*shape, "runtime.memory_limit_mb=4096"), options)
+    assert roomy["status"] == "ok", roomy["error"]
+    assert roomy["memory_limit_bytes"] == 4096 * 2**20 and roomy["memory_baseline_bytes"] > 0
+    assert roomy["peak_memory_bytes"] - roomy["memory_baseline_bytes"] < 0.9 * roomy["memory_limit_bytes"]
+    big = torch.empty(6 * 2**30, dtype=torch.uint8, device="cuda")  # beyond both caps: lifted
+    del big
+
+
+def test_compiled_cuda_graphs_keep_their_recording_peak_as_the_floor() -> None:
+    """compile_mode reduce-overhead: once the graphs are recorded, a window of replays alone shows little in
+    the allocator's peak; the engine's floor (the recording updates' peak) is at least one eager update's."""
+    device = torch.device("cuda")
+    eager = ModelEngine(recipe("training.micro_batch_size=4"), device)
+    run(eager, batches([8] * 2))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    run(eager, batches([8], seed=7))
+    torch.cuda.synchronize()
+    eager_peak = torch.cuda.max_memory_allocated(device)
+    del eager
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)  # the floor below is the graph engine's own
+    graphs = ModelEngine(recipe("training.micro_batch_size=4", "runtime.compile=true",
+                                "runtime.compile_mode=reduce-overhead"), device)  # fmt: skip
+    run(graphs, batches([8] * 5))
+    torch.cuda.synchronize()
+    assert graphs.replay_peak_bytes() >= 0.9 * eager_peak
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one GPU: DDP skipped)")
+def test_two_ranks_on_two_gpus_train_through_the_launcher(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+) -> None:
+    """`tiny_llm launch` with NCCL on two GPUs: a complete run whose rows carry both ranks' tokens."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    sets = [*tiny_recipe_args(tiny_cache), "runtime.device=cuda", "runtime.num_gpus=2",
+            "training.micro_batch_size=4", "training.tokens_per_parameter=0.1",
+            "training.epoch_tokens_per_parameter=0.05", f"runtime.output_dir={run_dir}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tiny_llm",
+        "launch",
+        "-m",
+        "tiny_llm",
+        "train",
+        "--quiet",
+        "--config",
+        "tiny",
+    ]
+    command += [a for s in sets for a in ("--set", s)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_json(run_dir / "status.json")["status"] == "complete"
+    assert read_json(run_dir / "environment.json")["device"].startswith("cuda")
 
 
 def test_a_real_runs_train_rows_report_the_rate_its_updates_ran_at(

@@ -18,8 +18,10 @@ from tiny_llm.cli import main
 from tiny_llm.config import RecipeConfig, load_recipe
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError
+from tiny_llm.runtime import device as device_module
 from tiny_llm.runtime.device import check_cuda_graph
 from tiny_llm.runtime.engine import NonFiniteError, StepStats
+from tiny_llm.train import engine as engine_module
 from tiny_llm.train import session
 from tiny_llm.train.engine import ModelEngine
 from tiny_llm.train.graph import WARMUP_UPDATES, GraphEngine
@@ -48,7 +50,9 @@ def batches(sizes: list[int]) -> list[torch.Tensor]:
 
 class EagerCapturer:
     """Stands in for CUDA: 'captures' the update as the function itself, which each replay runs under a mode
-    that raises on a host read (what a real capture refuses: a value read on the host while recording)."""
+    that raises on a host read (what a real capture refuses: a value read on the host while recording), on
+    the tensors the engine held at capture: a graph reads and writes the memory it was recorded on, so an
+    input or output buffer the engine rebinds afterwards is one the replay never sees."""
 
     def __init__(self) -> None:
         self.warmed = self.captured = self.replays = 0
@@ -60,11 +64,18 @@ class EagerCapturer:
 
     def capture(self, update: Callable[[], None]) -> Callable[[], None]:
         self.captured += 1
+        engine = update.__self__  # type: ignore[attr-defined]  # the engine's bound update_inputs
+        recorded = {k: v for k, v in vars(engine).items() if isinstance(v, torch.Tensor)}
 
         def replay() -> None:
             self.replays += 1
-            with HostReads(forbid=True):
-                update()
+            now = {k: getattr(engine, k) for k in recorded}
+            vars(engine).update(recorded)  # the buffers the graph was recorded on
+            try:
+                with HostReads(forbid=True):
+                    update()
+            finally:
+                vars(engine).update(now)
 
         return replay
 
@@ -226,6 +237,33 @@ def test_the_benchmark_worker_refuses_it_on_a_cpu_in_its_json(monkeypatch: pytes
     assert (
         out["error"] == "runtime.cuda_graph: needs a CUDA device, and this run's device is cpu; set it false"
     )
+
+
+def test_compiled_graph_modes_keep_the_recording_peak_as_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_mode reduce-overhead / max-autotune on CUDA record graphs in the first updates and replay them
+    from a pool the allocator's peak no longer shows: the recording updates' peak stays the floor of every
+    later window's (the clock's and the worker's), as the captured update's does. (CUDA's statistics are
+    stood in for here; tests/unit/test_cuda.py measures the real ones.)"""
+
+    def graphs(mode: str, device: torch.device) -> bool:
+        compiled = recipe(8, "runtime.compile=true", f"runtime.compile_mode={mode}")
+        return device_module.compiles_cuda_graphs(compiled, device)
+
+    cuda = torch.device("cuda")
+    modes = ("default", "reduce-overhead", "max-autotune")
+    assert [m for m in modes if graphs(m, cuda)] == ["reduce-overhead", "max-autotune"]
+    assert not graphs("reduce-overhead", CPU)
+    peaks = iter([100, 700, 300])
+    monkeypatch.setattr(engine_module, "compiles_cuda_graphs", lambda recipe, device: True)
+    monkeypatch.setattr(engine_module, "peak_memory_bytes", lambda device: next(peaks))
+    engine = ModelEngine(recipe(8), CPU)
+    assert engine.replay_peak_bytes() == 0
+    floors = []
+    for step, blocks in enumerate(batches([8] * 5), start=1):
+        engine.train_step(blocks, 1e-3, step)
+        floors.append(engine.replay_peak_bytes())
+    assert floors == [100, 700, 700, 700, 700]  # read during the 3 recording updates only
+    assert ModelEngine(recipe(8), CPU).replay_peak_bytes() == 0  # the CPU: no graphs, no floor
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from tiny_llm.config import load_recipe
-from tiny_llm.errors import RunStateError
+from tiny_llm.errors import ConfigError, RunStateError
 from tiny_llm.runtime import device as device_module
+from tiny_llm.train.launch import visible_gpus
 
 
 @pytest.fixture
@@ -120,6 +121,41 @@ def test_an_existing_shared_lock_directory_keeps_its_mode(gpus) -> None:
     locks.chmod(0o2770)
     assert device_module.select_device("auto") == torch.device("cuda:0")
     assert stat.S_IMODE(locks.stat().st_mode) == 0o2770
+
+
+def test_a_launcher_takes_k_free_slots_and_its_ranks_take_none(gpus, monkeypatch, capsys) -> None:
+    """A 2-rank job on a 4-GPU machine whose GPUs 0 and 2 another job holds trains on 1 and 3 (not on
+    cuda:0 and cuda:1 whatever the locks say), named to its ranks by CUDA_VISIBLE_DEVICES; a rank's explicit
+    cuda:r then takes no lock of its own (its launcher holds it), with no warning."""
+    locks = gpus(4)
+    others = [hold(locks / "gpu-GPU-0.lock"), hold(locks / "gpu-GPU-2.lock")]
+    try:
+        assert device_module.claim_gpu_slots(2) == [1, 3]
+        assert locked_elsewhere(locks / "gpu-GPU-1.lock") and locked_elsewhere(locks / "gpu-GPU-3.lock")
+        assert visible_gpus([1, 3], {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == ["5", "7"]
+        with pytest.raises(ConfigError, match="runtime.num_gpus: 5 ranks but only 4 GPU"):
+            device_module.claim_gpu_slots(5)
+    finally:
+        for fd in others:
+            os.close(fd)
+    monkeypatch.setattr(device_module, "_HELD_GPU_LOCKS", {})  # a rank: a process of its own
+    monkeypatch.setenv(device_module.SLOTS_HELD_ENV, "1234")
+    fd = hold(locks / "gpu-GPU-0.lock")
+    try:
+        assert device_module.select_device("cuda:0") == torch.device("cuda:0")
+    finally:
+        os.close(fd)
+    assert capsys.readouterr().err == ""
+
+
+def test_too_few_free_gpus_for_a_launcher_is_one_line(gpus) -> None:
+    locks = gpus(2)
+    fd = hold(locks / "gpu-GPU-1.lock")
+    try:
+        with pytest.raises(RunStateError, match=r"^2 GPUs wanted but only 1 of the 2 visible are free"):
+            device_module.claim_gpu_slots(2)
+    finally:
+        os.close(fd)
 
 
 def test_unusable_lock_directory_falls_back_with_one_warning(gpus, tmp_path, monkeypatch, capsys) -> None:

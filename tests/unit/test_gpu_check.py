@@ -16,17 +16,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 LIMIT = 540
-# Least known first: environment, CUDA tests, a real 20m train (its data first), CUDA graph, workflow
-# rehearsal, the benchmarks, the peers.
+# Least known first: environment, CUDA tests, a real 20m train (its data first), CUDA graph, Muon, the map's
+# point pair, workflow rehearsal, the benchmarks, the peers.
 DEFAULT_ORDER = [
     "env",
     "pytest-cuda",
     "data",
     "train-20m",
     "cuda-graph-20m",
+    "muon",
+    "map-points",
     "workflow",
     "bench-20m",
-    "bench-50m",
     "bench-90m",
     "peers",
 ]
@@ -214,3 +215,91 @@ def test_cpu_smoke_runs_every_default_step(tmp_path):
     steps = [r["step"] for r in records["workflow"]["rehearsal"]]
     assert steps == ["tuning", "interrupt", "rerun"]
     assert set(records["peers"]["peers"]) == {"library", "transformers"}
+
+
+FAKE_PYTHON = """#!/bin/bash
+echo "$@" >> "{log}"
+case "$*" in
+  *"import torch; print"*) {torch} ;;
+  *"import tiny_llm"*) exit {package} ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def fake_check(work: Path, torch: str, package: int, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """gpu_check.sh with a stand-in interpreter: what it answers to the probes, and every call it got."""
+    work.mkdir()
+    log, python = work / "calls.log", work / "python"
+    python.write_text(FAKE_PYTHON.format(log=log, torch=torch, package=package))
+    python.chmod(0o755)
+    env = dict(os.environ, OUT=str(work / "out"))
+    command = ["bash", str(SCRIPT), "--python", str(python), *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    return done, log.read_text() if log.exists() else ""
+
+
+def test_a_torch_that_does_not_import_stops_the_check_and_is_never_installed(tmp_path):
+    done, calls = fake_check(tmp_path / "a", 'echo "No module named torch" >&2; exit 1', 0, "--install")
+    assert done.returncode == 3
+    assert "torch does not import" in done.stdout and "it is never installed" in done.stdout
+    assert "pip" not in calls
+
+
+def test_a_working_torch_is_reported_against_the_pin_and_pip_may_not_replace_it(tmp_path):
+    done, calls = fake_check(tmp_path / "a", 'echo "2.11.0+cu130 13.0 True"', 1, "--install", "--only", "env")
+    assert "[torch] torch 2.11.0+cu130 (pin 2.13.0: differs from the pin" in done.stdout
+    pip = [line for line in calls.splitlines() if line.startswith("-m pip")]
+    assert len(pip) == 1 and "install -e .[dev] --constraint" in pip[0]  # the found torch as a constraint
+    assert not re.search(r"\btorch==", pip[0])  # never a torch requirement of its own
+    done, calls = fake_check(tmp_path / "b", 'echo "2.13.0+cpu None False"', 1, "--only", "env")
+    assert (
+        done.returncode == 3
+        and "torch 2.13.0+cpu here is a CPU-only build; install a CUDA build" in done.stdout
+    )
+    assert "pip" not in calls  # and no pip without --install either
+
+
+def test_env_reports_the_torch_it_found_against_the_pin_and_the_ddp_outcome_is_read(tmp_path):
+    gc = load_gpu_check()
+    setup = gc.Setup("gpu", tmp_path, tmp_path)
+    probe = tmp_path / "probe.log"
+    probe.write_text(json.dumps({"torch": "2.11.0+cu130", "cuda": "13.0", "cuda_available": True,
+                                 "device_name": "NVIDIA H200", "device_count": 1}) + "\n")  # fmt: skip
+    record = gc.check_env(setup, [{"rc": 0, "stdout_log": str(probe)}])
+    assert record["torch_pin"] == "2.13.0" and record["torch_matches_pin"] is False
+    assert "torch 2.11.0+cu130 (pin 2.13.0: differs" in record["detail"]
+    name = "tests.unit.test_cuda::test_two_ranks_on_two_gpus_train_through_the_launcher"
+    assert gc.ddp_outcome({name: "skipped"}) == "skipped (one GPU)"
+    assert gc.ddp_outcome({name: "passed"}) == "passed" and gc.ddp_outcome({}) == "not run"
+
+
+def test_the_map_points_and_muon_records_are_read(tmp_path):
+    gc = load_gpu_check()
+    setup = gc.Setup("gpu", tmp_path, tmp_path)
+    (tmp_path / "logs").mkdir()
+    outputs = {8: tmp_path / "m8.json", 64: tmp_path / "m64.json"}
+    outputs[8].write_text(json.dumps({"status": "ok", "tokens_per_second": 1000.0, "peak_memory_bytes": 5}))
+    outputs[64].write_text(
+        json.dumps({"status": "memory_limit", "error": "out of memory: CUDA out of memory"})
+    )
+    record = gc.check_map_points(setup, outputs, (8, 64), [{}, {}, {}])
+    assert record["status"] == "ok" and record["tokens_per_second"] == 1000.0
+    outputs[64].write_text(
+        json.dumps({"status": "ok", "tokens_per_second": 10.0})
+    )  # no out-of-memory: failed
+    assert gc.check_map_points(setup, outputs, (8, 64), [{}, {}, {}])["status"] == "failed"
+    run_dir, cost = tmp_path / "muon", tmp_path / "cost.log"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_text(json.dumps({"status": "complete"}))
+    rows = [{"event": "train", "loss": 6.0}, {"event": "train", "loss": 5.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shape = {
+        "adamw": {"optimizer_ms": 2.0},
+        "muon": {"optimizer_ms": 10.0},
+        "muon_over_adamw": {"optimizer_ms": 5.0},
+    }
+    cost.write_text(json.dumps({"cases": {"20m": shape}}))
+    record = gc.check_muon(setup, run_dir, [{}, {"stdout_log": str(cost)}])
+    assert record["status"] == "ok" and record["muon_over_adamw_optimizer"] == 5.0
+    assert "Muon 10.0 ms vs AdamW 2.0 ms (5.0x)" in record["detail"]

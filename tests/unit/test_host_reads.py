@@ -62,17 +62,46 @@ def test_a_fused_update_reads_nothing_on_the_host(build: Callable[[], ModelEngin
     assert reads.count == 2, reads.what  # the window's values, and the finite guard's step
 
 
-def test_the_counter_sees_a_read_added_inside_the_update(monkeypatch: pytest.MonkeyPatch) -> None:
+# What a careless "if norm > limit" does, in each form that makes a GPU's host wait.
+READS = {
+    "item": (lambda norm: float(norm) > 0, ["item"]),
+    "cpu": (lambda norm: norm.cpu(), ["cpu"]),
+    "to-cpu": (lambda norm: norm.to("cpu"), ["to(cpu)"]),
+    "to-device-cpu": (lambda norm: norm.to(device=torch.device("cpu")), ["to(cpu)"]),
+    "numpy": (lambda norm: norm.detach().numpy(), ["numpy"]),
+    "nonzero": (lambda norm: torch.nonzero(norm.reshape(1) > 0), ["nonzero"]),
+    "boolean-index": (lambda norm: norm.reshape(1)[norm.reshape(1) > 0], ["boolean index"]),
+    "masked-select": (lambda norm: norm.masked_select(norm > 0), ["masked_select"]),
+}
+
+
+@pytest.mark.parametrize("read", READS.values(), ids=READS.keys())
+def test_the_counter_sees_a_read_added_inside_the_update(
+    read: tuple[Callable[[torch.Tensor], object], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = ordinary()
     clip = ModelEngine.clip
+    reading, what = read
 
     def clip_reading(self: ModelEngine, norm: torch.Tensor) -> None:
-        if float(norm) > 0:  # what a careless "if norm > limit" does
-            clip(self, norm)
+        reading(norm)
+        clip(self, norm)
 
     monkeypatch.setattr(ModelEngine, "clip", clip_reading)
     with HostReads() as reads:
         engine.train_step(blocks(8, 1), 1e-3, 1)
-    assert reads.what == ["item"]
+    assert reads.what == what
     with pytest.raises(HostReadError, match="host read"), HostReads(forbid=True):
         engine.train_step(blocks(8, 2), 1e-3, 2)
+
+
+def test_copies_to_the_device_and_dtype_changes_are_no_reads() -> None:
+    """The update's own host-to-device copy (non-blocking) and casts are not counted; methods are restored."""
+    tensor, methods = torch.ones(3), (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist)
+    with HostReads() as reads:
+        tensor.to(torch.device("cpu"), non_blocking=True)
+        tensor.to(torch.float64)
+        tensor.to("cpu", torch.float16, True)
+        tensor[torch.tensor([0, 2])]  # integer indices: no mask
+    assert reads.count == 0, reads.what
+    assert (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist) == methods

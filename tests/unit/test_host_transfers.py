@@ -3,13 +3,20 @@ device-side finite check of an update (no host read)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+from train_helpers import small_recipe
 
 from tiny_llm.config import load_recipe
+from tiny_llm.engines import run_training
 from tiny_llm.runtime.device import pin_for, to_device
 from tiny_llm.runtime.engine import FiniteGuard
 from tiny_llm.train import evaluate as evaluate_module
+from tiny_llm.train import loop
 
 
 def test_host_batches_are_pinned_only_for_cuda() -> None:
@@ -79,6 +86,29 @@ def test_validation_subset_batches_bound_for_cuda_are_pinned_once(monkeypatch: p
     if torch.cuda.is_available():
         batches = evaluate_module.subset_batches(blocks, 2, cuda)
         assert all(i.is_pinned() and t.is_pinned() and i.is_contiguous() for i, t in batches)
+
+
+@pytest.mark.slow  # a 28-update run, ~5 s
+def test_a_run_pins_its_validation_batches_once_per_session(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three epochs, three subset validations: the subset's batches are made (and pinned, bound for CUDA)
+    once, when the session starts, and every validation gets those same tensors."""
+    pinned: list[torch.Tensor] = []
+    seen: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    pin, evaluate = evaluate_module.pin_for, loop.evaluate
+    monkeypatch.setattr(evaluate_module, "pin_for", lambda t, device: pinned.append(t) or pin(t, device))
+
+    def watched(model: torch.nn.Module, batches: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("split") == "subset":
+            seen.append(batches)
+        return evaluate(model, batches, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", watched)
+    assert run_training(small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "run"), quiet=True) == 0
+    assert len(seen) == 3 and all(batches is seen[0] for batches in seen)
+    assert len(pinned) == 2 * len(seen[0])  # inputs and targets of each batch, once
+    assert {id(t) for batch in seen[0] for t in batch} == {id(t) for t in pinned}
 
 
 def test_finite_guard_flags_are_fp32_whatever_the_default_dtype() -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_llm.bench.worker import near_memory_limit
 from tiny_llm.config import load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.runtime.memory import cpu_out_of_memory, memory_limit
+from tiny_llm.runtime.memory import cpu_out_of_memory, memory_limit, status_bytes
 
 # A 32,000-token vocabulary on the tiny stack: 8 MiB of embedding (32 MiB with its gradient and Adam moments)
 # and 4 x 64 x 32,000 x 4 B = 31 MiB per logits buffer, well past what the test process may have freed earlier
@@ -55,6 +56,9 @@ def test_the_cap_decides_between_out_of_memory_and_a_measurement(
         assert out["tokens_per_second"] is None
     else:
         assert proc.returncode == 0 and out["tokens_per_second"] > 0
+        # the cap and what it counts from are in the JSON; the guard measured the peak beyond that
+        assert out["memory_limit_bytes"] == limit_mb * 2**20 and out["memory_baseline_bytes"] > 0
+        assert out["peak_memory_bytes"] - out["memory_baseline_bytes"] < 0.9 * out["memory_limit_bytes"]
 
 
 def test_allocator_failures_become_cuda_style_out_of_memory() -> None:
@@ -73,13 +77,48 @@ def test_allocator_failures_become_cuda_style_out_of_memory() -> None:
         raise ValueError("not memory")
 
 
-def test_the_cap_is_lifted_on_leaving() -> None:
+def test_the_cap_is_lifted_on_leaving_and_counts_from_what_the_process_holds() -> None:
     before = resource.getrlimit(resource.RLIMIT_DATA)
-    with memory_limit(64, torch.device("cpu")):
-        assert resource.getrlimit(resource.RLIMIT_DATA)[0] != resource.RLIM_INFINITY
+    with memory_limit(64, torch.device("cpu")) as cap:
+        soft = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        held = status_bytes("VmData")  # what the process holds once the cap is set (freed heap returned)
+        assert soft == pytest.approx(held + 64 * 2**20, abs=4 * 2**20)  # 64 MiB beyond it
+        assert cap is not None and cap.limit_bytes == 64 * 2**20
+        assert cap.baseline_bytes == pytest.approx(status_bytes("VmRSS"), rel=0.2)  # the resident set then
+        assert cap.used(cap.baseline_bytes + 5) == 5 and cap.used(0) == 0
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
-    with memory_limit(None, torch.device("cpu")):
-        assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    with memory_limit(None, torch.device("cpu")) as cap:
+        assert cap is None and resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+MIB = 2**20
+
+
+def capped(baseline: int, peak: int) -> dict[str, int]:
+    return {
+        "memory_limit_bytes": 100 * MIB,
+        "memory_baseline_bytes": baseline * MIB,
+        "peak_memory_bytes": peak * MIB,
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        # under a cap: the peak beyond the baseline against the cap, not against the device
+        (capped(500, 589), None),
+        (capped(500, 590), "peak memory beyond set-up (90.0 MiB) at or above 90% of runtime.memory_limit_mb"),
+        # no cap: the device's memory, as before
+        ({"peak_memory_bytes": 899 * MIB}, None),
+        ({"peak_memory_bytes": 900 * MIB}, "peak memory at or above 90% of the device memory"),
+    ],
+)
+def test_the_90_percent_guard_measures_against_the_cap_when_there_is_one(
+    fields: dict[str, int], reason: str | None
+) -> None:
+    out = {"total_memory_bytes": 1000 * MIB, "memory_limit_bytes": None, "memory_baseline_bytes": None}
+    out.update(fields)
+    assert near_memory_limit(out) == reason
 
 
 def test_a_non_positive_cap_is_refused() -> None:

@@ -18,7 +18,7 @@ from tiny_llm.engines import evaluate_checkpoint, run_training
 from tiny_llm.errors import ConfigError
 from tiny_llm.export.hf import export_model
 from tiny_llm.io import read_json
-from tiny_llm.runtime import signals
+from tiny_llm.runtime import optim, signals
 from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.optim import MuonAdamW, hidden_matrices, set_lr
 from tiny_llm.train import loop
@@ -125,6 +125,36 @@ def test_the_update_is_torchs_muon_and_adamw() -> None:
         adamw.step()
     for a, b in zip(eng.model.parameters(), ref.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_batched_step_in_chunks_equals_torchs_muon_and_resumes_its_state(
+    nesterov: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shapes stepped in chunks of two matrices (the cap lowered), from a state torch's Muon wrote: the same
+    weights and momentum buffers as torch's Muon, bit for bit on the CPU."""
+    monkeypatch.setattr(optim, "MUON_CHUNK_ELEMENTS", 2 * 64 * 172)  # two gate/up matrices of the tiny preset
+    model = ModelEngine(load_recipe(["tiny"], MUON), CPU).model
+    hidden = hidden_matrices(model)
+    assert len(optim.shape_chunks(hidden)) > len({p.shape for p in hidden})  # chunks, not whole shapes
+    ours = [p.detach().clone().requires_grad_() for p in hidden]
+    settings = {"lr": 0.02, "momentum": 0.9, "nesterov": nesterov, "weight_decay": 0.1, "ns_steps": 5}
+    torch_muon, batched = torch.optim.Muon(hidden, **settings), optim.BatchedMuon(ours, **settings)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        for p, q in zip(hidden, ours, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        torch_muon.step()
+        if step == 0:  # the rest from torch's own state
+            batched.load_state_dict(copy.deepcopy(torch_muon.state_dict()))
+            for p, q in zip(hidden, ours, strict=True):
+                q.data.copy_(p)
+        else:
+            batched.step()
+    for p, q in zip(hidden, ours, strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(torch_muon.state[p]["momentum_buffer"], batched.state[q]["momentum_buffer"])
 
 
 def test_state_round_trips_and_refuses_an_adamw_state() -> None:

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from data_helpers import FirstBatchLast
 
 from tiny_llm.cli import main
 from tiny_llm.config import load_recipe, recipe_identity
+from tiny_llm.data import prepare
 from tiny_llm.data.prepare import WORKER_DIED, prepare_cache
 from tiny_llm.data.sources import CorpusSource
 
@@ -29,14 +31,19 @@ def files(cache: Path) -> dict[str, bytes]:
 
 
 def test_one_and_three_workers_write_identical_caches(
-    tmp_path: Path, tiny_recipe_args: Callable[[Path], list[str]]
+    tmp_path: Path, tiny_recipe_args: Callable[[Path], list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Three workers, the first batch deliberately finished after the second: the same bytes as one."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setattr(prepare, "_encode_in_worker", FirstBatchLast(marks))
     caches = {}
     for workers in (1, 3):
         cache = tmp_path / f"workers-{workers}"
         recipe = load_recipe(["tiny"], [*tiny_recipe_args(cache), *SETS, f"data.prepare_workers={workers}"])
         assert not prepare_cache(recipe, progress=False).reused
         caches[workers] = files(cache)
+    assert (marks / "0").read_text() == "after 1"  # the workers did finish out of order
     one, three = caches[1], caches[3]
     # The worker count is an execution setting: neither the cache nor a run's identity depends on it.
     plain = load_recipe(["tiny"], [*tiny_recipe_args(tmp_path / "c"), *SETS])

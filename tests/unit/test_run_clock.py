@@ -63,14 +63,21 @@ def test_the_device_is_synchronised_where_a_span_starts_or_ends_and_never_betwee
     tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     device = use_async_device(monkeypatch)
-    rows, _ = clocked_run(tmp_path, tiny_cache, tiny_recipe_args)
+    with device.watch_reads():  # host reads of tensor values on the same timeline
+        rows, _ = clocked_run(tmp_path, tiny_cache, tiny_recipe_args)
     _, paused = pauses(rows)
+    epoch_ends = {r["step"] for r in rows if r["event"] == "validation"}
     first = device.events.index(("update", 1))
     assert device.events[:first].count("sync") == 1  # the first span opens on an idle device
     for n, between in device.between_updates():
-        # a pause closes the span (one wait) and the next update opens one (one wait); nothing else waits
-        assert between.count("sync") == (2 if n in paused else 0), (n, between)
-    assert device.events.count("sync") <= 1 + 2 * len(paused)
+        # a pause closes the span (one wait) and the next update opens one (one wait); an evaluation waits
+        # once at its end; nothing else waits, by any path (the clock, runtime.device, torch.cuda)
+        assert between.count("sync") == (2 + (n in epoch_ends) if n in paused else 0), (n, between)
+        reads = [e for e in between if isinstance(e, tuple) and e[0] == "read"]
+        # the values of a window's updates are read at its row (or a save, an evaluation), never between
+        assert (n in paused) or not reads, (n, reads)
+        assert (n not in paused) or reads, (n, between)  # the counter was on: a pause reads
+    assert device.events.count("sync") <= 1 + 3 * len(paused)
 
 
 def test_the_peak_memory_is_reset_once_per_window_and_a_row_reports_its_window(

@@ -9,6 +9,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # API the library uses -> the first torch release that has it.
 FIRST_RELEASE = {
+    "torch.optim.Muon": (2, 9),
     "get_total_norm": (2, 6),
     "clip_grads_with_norm_": (2, 6),
     "_fused_adamw_": (2, 4),  # on CPU tensors too (the packed optimizer)
@@ -29,6 +30,13 @@ def test_torch_floor_covers_the_apis_the_library_calls() -> None:
     assert "get_total_norm" in used  # the table still describes the code
     needed = max(used.values())
     assert torch_floor() >= needed, f"pyproject says torch>={torch_floor()}, the code needs {needed}: {used}"
+
+
+def test_what_is_newer_than_the_floor_is_asked_for_by_name_not_assumed() -> None:
+    """forward_sync_buffers is DDP's since 2.13, above the floor: the code passes it only where DDP's own
+    signature has it (train.distributed.no_buffer_sync), never as a literal keyword."""
+    source = (REPO / "tiny_llm" / "train" / "distributed.py").read_text()
+    assert "forward_sync_buffers=" not in source and '"forward_sync_buffers" in accepted' in source
 
 
 # What the library relies on to be safe -> the first torch release where it is.

@@ -256,5 +256,27 @@ def test_auto_device_without_gpu_is_cpu() -> None:
     assert device_module.select_device("auto") == torch.device("cpu")
     from tiny_llm.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="runtime.device: 'cuda' asked for CUDA but no GPU is visible"):
+    no_cuda = "runtime.device: 'cuda' asks for CUDA, but torch .* here is a CPU-only build; install a CUDA"
+    with pytest.raises(ConfigError, match=no_cuda):
         device_module.select_device("cuda")
+
+
+def test_a_job_given_a_gpu_that_finds_no_cuda_fails_in_one_line_naming_the_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`auto` trains on the CPU only where no GPU was asked for: a workflow GPU job (TINY_LLM_REQUIRE_CUDA)
+    on a CPU-only torch (an aarch64 wheel, say) stops at once, naming the build and where the fix is."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    monkeypatch.setenv(device_module.REQUIRE_CUDA_ENV, "1")
+    run, cache = tmp_path / "run", tmp_path / "none"
+    sets = ["runtime.device=auto", f"runtime.output_dir={run}", f"data.cache_dir={cache}"]
+    code = main(["train", "--config", "tiny", *(a for pair in sets for a in ("--set", pair))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    given = f"this job was given a GPU (TINY_LLM_REQUIRE_CUDA=1), but torch {torch.__version__} here is a "
+    assert given in err[0]
+    assert "CPU-only build; install a CUDA build of torch for " in err[0] and "docs/cluster.md" in err[0]
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build that sees no GPU says so instead
+    with pytest.raises(device_module.ConfigError, match=r"\(CUDA 12.8\) sees no GPU"):
+        device_module.select_device("auto")

@@ -1,5 +1,5 @@
 """A size with num_gpus: 2 on the CPU, end to end through the workflow: the dry run shows the 2-rank job
-(torchrun, gpu and nodes resources), and the job trains with 2 gloo processes through torchrun."""
+(`tiny_llm launch`, gpu and nodes resources), and the job trains with 2 gloo processes through it."""
 
 from __future__ import annotations
 
@@ -25,14 +25,15 @@ def two_rank_config(workdir: Path, corpus: Path, tokenizer: Path) -> Path:
     return write_config(workdir / "tiny-2ranks.yaml", config)
 
 
-def test_a_two_rank_size_trains_through_torchrun_on_the_cpu(
+def test_a_two_rank_size_trains_through_the_launcher_on_the_cpu(
     tmp_path: Path, tiny_corpus_dir: Path, tiny_tokenizer_dir: Path
 ) -> None:
     config = two_rank_config(tmp_path, tiny_corpus_dir, tiny_tokenizer_dir)
     dry = snakemake(tmp_path, config, "--cores", "2", "-n", "-p", RESULT)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     job = dry.stdout.split("rule train_run:", 1)[1].split("\n\n", 1)[0]
-    assert "torchrun --standalone --nproc-per-node 2 --shutdown-timeout 100 -m tiny_llm train" in dry.stdout
+    launch = "python -m tiny_llm launch --nproc-per-node 2 --shutdown-timeout 100 -m tiny_llm train"
+    assert launch in dry.stdout and "TINY_LLM_REQUIRE_CUDA" not in dry.stdout  # CPU ranks
     assert re.search(r"resources:.*\bnodes=1\b", job) and "gpu=0" in job  # CPU ranks: no GPU asked for
     assert re.search(r"threads: 2\b", job)  # the size's 1 thread per rank
 

@@ -235,10 +235,12 @@ def _measure(recipe: RecipeConfig, device: torch.device, options: WorkerOptions,
     out["config_identity"] = recipe_identity(recipe, batches.cache_identity)
     try:
         engine = build_engine(recipe, device)
-        # runtime.memory_limit_mb caps what the timed updates allocate beyond the built model (activations,
-        # gradients, optimizer moments); past it they raise an out-of-memory, as on CUDA. The profiler's own
-        # buffers come after, outside the cap.
-        with memory_limit(recipe.runtime.memory_limit_mb, device):
+        # runtime.memory_limit_mb caps what the updates allocate beyond the built engine (activations,
+        # optimizer moments; tiny_llm.runtime.memory), on every device; past it they raise an out-of-memory,
+        # as on CUDA. The profiler's own buffers come after, outside the cap.
+        with memory_limit(recipe.runtime.memory_limit_mb, device) as cap:
+            if cap is not None:
+                out["memory_limit_bytes"], out["memory_baseline_bytes"] = cap.limit_bytes, cap.baseline_bytes
             update = _run_protocol(recipe, device, options, out, engine, batches)
         _profile(engine, batches, update, options, out, device)
     finally:
@@ -308,6 +310,8 @@ def _empty_result(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any
         "warmup_seconds": None,
         "peak_memory_bytes": None,
         "total_memory_bytes": None,
+        "memory_limit_bytes": None,
+        "memory_baseline_bytes": None,
         "micro_batch_size": recipe.training.micro_batch_size,
         "batch_tokens": recipe.training.batch_tokens,
         "compile": rt.compile,
@@ -375,13 +379,27 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             out["error"] = f"{type(exc).__name__}: {first}"
         out["traceback"] = traceback.format_exc(limit=8)
-    if (
-        out["status"] == "ok"
-        and out["peak_memory_bytes"] >= MEMORY_LIMIT_FRACTION * out["total_memory_bytes"]
-    ):
-        out.update(status="memory_limit", error="peak memory at or above 90% of the device memory")
+    near = near_memory_limit(out) if out["status"] == "ok" else None
+    if near is not None:
+        out.update(status="memory_limit", error=near)
     _add_mfu(recipe, device, out)
     return out
+
+
+def near_memory_limit(out: dict[str, Any]) -> str | None:
+    """The 90% guard: a measurement whose peak reaches 90% of the memory it may use is an out-of-memory in
+    waiting (fragmentation, a longer run); its reason, or None. Under runtime.memory_limit_mb that is the cap,
+    against the peak beyond the baseline the cap counts from; otherwise the device's memory."""
+    peak, cap = out["peak_memory_bytes"], out.get("memory_limit_bytes")
+    if cap:
+        used = max(0, peak - out["memory_baseline_bytes"])
+        if used >= MEMORY_LIMIT_FRACTION * cap:
+            mib = used / 2**20
+            return f"peak memory beyond set-up ({mib:.1f} MiB) at or above 90% of runtime.memory_limit_mb"
+        return None
+    if peak >= MEMORY_LIMIT_FRACTION * out["total_memory_bytes"]:
+        return "peak memory at or above 90% of the device memory"
+    return None
 
 
 def _add_mfu(recipe: RecipeConfig, device: torch.device, out: dict[str, Any]) -> None:

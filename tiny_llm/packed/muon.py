@@ -15,16 +15,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
-
-# torch's own coefficients, norm clamp and per-shape LR scale: the batched chain below must give what
-# torch.optim.Muon gives per matrix (the packed == N ordinary runs test checks it), so they are taken from
-# torch rather than copied. torch.optim.Muon itself steps one parameter at a time, so it cannot batch.
-from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _adjust_lr
+from torch.optim._muon import _adjust_lr  # torch's per-shape LR scale, as the ordinary engine's Muon
 
 from tiny_llm.config import OptimizerConfig
 from tiny_llm.packed.layout import ArenaLayout, Entry
 from tiny_llm.packed.optim import PackedAdamW
-from tiny_llm.runtime.optim import is_hidden_matrix, muon_settings
+from tiny_llm.runtime.optim import batched_newton_schulz, is_hidden_matrix, muon_settings
 
 
 def muon_order(named: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -34,24 +30,6 @@ def muon_order(named: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, tor
     hidden = [(n, p) for n, p in named if is_hidden_matrix(n, p.shape)]
     shapes = list(dict.fromkeys(tuple(p.shape) for _, p in hidden))
     return rest + sorted(hidden, key=lambda item: shapes.index(tuple(item[1].shape)))
-
-
-@torch.no_grad()
-def batched_newton_schulz(grads: torch.Tensor, steps: int) -> torch.Tensor:
-    """torch's ``_zeropower_via_newtonschulz`` on a [B, rows, cols] stack at once (BF16, tall matrices
-    transposed, each matrix divided by its Frobenius norm clamped at EPS, the quintic with torch's
-    coefficients); on the CPU it equals torch's per-matrix result bit for bit."""
-    x = grads.bfloat16()
-    tall = grads.shape[-2] > grads.shape[-1]
-    if tall:
-        x = x.mT
-    x = x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=EPS)
-    for _ in range(steps):
-        gram = x @ x.mT
-        x = torch.baddbmm(
-            x, torch.baddbmm(gram, gram, gram, beta=DEFAULT_B, alpha=DEFAULT_C), x, beta=DEFAULT_A
-        )
-    return x.mT if tall else x
 
 
 @dataclass(frozen=True)

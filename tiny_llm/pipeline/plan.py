@@ -232,14 +232,18 @@ class WorkflowPlan:
         return {"gpu": gpu, "mem_mb": mem_mb, "runtime": runtime, "nodes": nodes}
 
     def launcher(self, stage: str) -> Callable[[Any], str]:
-        """What runs a training job's `tiny_llm train`: `python -m`, or torchrun for a size of several ranks
-        (one node; on SIGTERM it passes the signal on and waits up to 100 s, inside the profile's 120 s)."""
+        """What runs a training job's `tiny_llm train`: `python -m`, or `tiny_llm launch` for a size of
+        several ranks (one node, sockets on loopback only, K free GPU slots; on SIGTERM it passes the signal
+        on and waits up to 100 s, inside the profile's 120 s). A job given a GPU says so
+        (TINY_LLM_REQUIRE_CUDA), so that a torch without CUDA fails it in one line, not trains on the CPU."""
 
         def launch(wildcards: Any) -> str:
-            ranks = self.job_resources(stage, wildcards).ranks
-            if ranks == 1:
-                return "python -m"
-            return f"torchrun --standalone --nproc-per-node {ranks} --shutdown-timeout 100 -m"
+            resources = self.job_resources(stage, wildcards)
+            prefix = "TINY_LLM_REQUIRE_CUDA=1 " if resources.gpu else ""
+            if resources.ranks == 1:
+                return f"{prefix}python -m"
+            ranks = resources.ranks
+            return f"{prefix}python -m tiny_llm launch --nproc-per-node {ranks} --shutdown-timeout 100 -m"
 
         return launch
 

@@ -17,7 +17,7 @@ class Resources:
     timed: bool = False
     """The job measures throughput: nothing else may run beside it (see WorkflowPlan.threads)."""
     ranks: int = 1
-    """Processes of one model (torchrun's --nproc-per-node; sizes.<size>.num_gpus)."""
+    """Processes of one model (`tiny_llm launch --nproc-per-node`; sizes.<size>.num_gpus)."""
 
 
 class StagePlan(Protocol):

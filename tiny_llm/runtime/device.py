@@ -12,6 +12,7 @@ import errno
 import fcntl
 import functools
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -34,6 +35,10 @@ _GPU_LOCKS: list[int] = []
 _HELD_GPU_LOCKS: dict[Path, int] = {}
 # Forcing one of these is a CUDA request; on the CPU `auto` already picks PyTorch's CPU flash kernel.
 GPU_KERNELS_ONLY = ("flash", "cudnn", "efficient")
+# Set (to 1) in a job given a GPU (the workflow's GPU jobs): `auto` then refuses to run on the CPU.
+REQUIRE_CUDA_ENV = "TINY_LLM_REQUIRE_CUDA"
+# Set by `tiny_llm launch` for its ranks: it holds their GPU slots (CUDA_VISIBLE_DEVICES names those GPUs).
+SLOTS_HELD_ENV = "TINY_LLM_GPU_SLOTS_HELD"
 
 
 def default_cpu_threads() -> int:
@@ -139,37 +144,58 @@ def _claim_gpu(indices: Sequence[int]) -> int | None:
     return indices[found]
 
 
+def cuda_required() -> bool:
+    """Whether this process was given a GPU (``TINY_LLM_REQUIRE_CUDA``): no CUDA is then an error."""
+    return os.environ.get(REQUIRE_CUDA_ENV, "") not in ("", "0")
+
+
+def no_cuda_message(what: str) -> str:
+    """One line: ``what`` needs CUDA, which torch build was found, and how to get a CUDA one."""
+    if torch.version.cuda is None:
+        found = f"torch {torch.__version__} here is a CPU-only build"
+    else:
+        cuda = torch.version.cuda
+        found = f"torch {torch.__version__} (CUDA {cuda}) sees no GPU (the driver? CUDA_VISIBLE_DEVICES?)"
+    return (
+        f"{what}, but {found}; install a CUDA build of torch for {platform.machine()} (docs/cluster.md, "
+        "'A CUDA torch'), or set runtime.device cpu"
+    )
+
+
 def select_device(requested: str) -> torch.device:
-    """'auto' -> CUDA when present (the first GPU no other tiny-llm process holds), else CPU.
+    """'auto' -> CUDA when present (the first GPU no other tiny-llm process holds), else CPU (an error in a
+    job given a GPU: ``cuda_required``).
 
     Every CUDA device is taken through a lock file named by the GPU's UUID, also when one GPU is visible
     (local jobs on a one-GPU machine; Slurm jobs see their own GPU as cuda:0, and the UUID tells them apart).
     An explicit cuda:N takes its slot too, so that auto jobs keep off it; if another process holds it, the two
-    share it, as asked, with a warning. Where no lock can be made, the device is used uncoordinated (warning).
+    share it, as asked, with a warning. The ranks of `tiny_llm launch` take none: it holds theirs. Where no
+    lock can be made, the device is used uncoordinated (warning).
     """
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    if requested == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError(
-            f"runtime.device: '{requested}' asked for CUDA but no GPU is visible; use cpu or auto"
-        )
+        if requested == "auto" and not cuda_required():
+            return torch.device("cpu")
+        what = f"runtime.device: '{requested}' asks for CUDA"
+        if requested == "auto":
+            what = f"this job was given a GPU ({REQUIRE_CUDA_ENV}=1)"
+        raise ConfigError(no_cuda_message(what))
     count = torch.cuda.device_count()
     explicit = requested.startswith("cuda:")
     if explicit:
         index = int(requested[5:])
         if index >= count:
             raise ConfigError(f"runtime.device: {requested} but only {count} GPU(s) visible")
+        if os.environ.get(SLOTS_HELD_ENV):
+            return torch.device(requested)
         candidates = [index]
     else:
         candidates = list(range(count))
     try:
         claimed = _claim_gpu(candidates)
     except GpuLocksUnavailable as exc:
-        print(
-            f"warning: GPU slots are not coordinated ({exc}); set TINY_LLM_GPU_LOCK_DIR to a writable "
-            "directory to keep parallel jobs on different GPUs",
-            file=sys.stderr,
-        )
+        _warn_uncoordinated(exc)
         return torch.device(f"cuda:{candidates[0]}")
     if claimed is not None:
         return torch.device(f"cuda:{claimed}")
@@ -184,6 +210,36 @@ def select_device(requested: str) -> torch.device:
         f"all {count} visible GPUs are taken by other tiny-llm processes (locks in {gpu_lock_dir()}); "
         "run fewer jobs at once or set runtime.device"
     )
+
+
+def _warn_uncoordinated(exc: OSError) -> None:
+    print(
+        f"warning: GPU slots are not coordinated ({exc}); set TINY_LLM_GPU_LOCK_DIR to a writable "
+        "directory to keep parallel jobs on different GPUs",
+        file=sys.stderr,
+    )
+
+
+def claim_gpu_slots(count: int) -> list[int]:
+    """``count`` free GPU slots among the visible GPUs (their indices), held for this process's life: the
+    launcher of a job's ranks takes them all before any rank starts. RunStateError when fewer are free."""
+    visible = torch.cuda.device_count()
+    if count > visible:
+        raise ConfigError(f"runtime.num_gpus: {count} ranks but only {visible} GPU(s) visible to this job")
+    taken: list[int] = []
+    try:
+        for _ in range(count):
+            found = _claim_gpu([i for i in range(visible) if i not in taken])
+            if found is None:
+                raise RunStateError(
+                    f"{count} GPUs wanted but only {len(taken)} of the {visible} visible are free (locks in "
+                    f"{gpu_lock_dir()}); run fewer jobs at once"
+                )
+            taken.append(found)
+    except GpuLocksUnavailable as exc:
+        _warn_uncoordinated(exc)
+        return list(range(count))
+    return taken
 
 
 def check_sdpa_backend(recipe: RecipeConfig, device: torch.device) -> None:
@@ -252,6 +308,18 @@ def uses_reference_attention(recipe: RecipeConfig) -> bool:
 
 def uses_compile(recipe: RecipeConfig) -> bool:
     return recipe.runtime.compile and not recipe.runtime.deterministic
+
+
+# compile modes whose compiled functions run as CUDA graphs (torch's graph trees) on a CUDA device
+GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def compiles_cuda_graphs(recipe: RecipeConfig, device: torch.device) -> bool:
+    """Whether the compiled loss runs as CUDA graphs: recorded in the first updates, then replayed from a
+    private memory pool whose use the allocator's peak statistics no longer show."""
+    return (
+        device.type == "cuda" and uses_compile(recipe) and recipe.runtime.compile_mode in GRAPH_COMPILE_MODES
+    )
 
 
 def compile_loss(fn: Callable[..., torch.Tensor], recipe: RecipeConfig) -> Callable[..., torch.Tensor]:

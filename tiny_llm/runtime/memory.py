@@ -1,13 +1,20 @@
 """runtime.memory_limit_mb: a memory cap under which running out looks like a CUDA out-of-memory.
 
+One meaning on every device: the cap is what the measurement may allocate beyond what the process holds when
+it is set, which the benchmark worker does once the engine is built (the model's weights and persistent
+gradients and the synthetic batches are the baseline; optimizer state, activations and everything the
+updates allocate count). The baseline (interpreter, torch, thread arenas, CUDA context, the built model)
+differs between machines and runtimes; the shape's own working memory does not.
+
 On the CPU the cap is the kernel's RLIMIT_DATA (private writable memory: the heap and every anonymous mmap, so
-each tensor), set to what the process holds once set up plus the cap: the baseline (interpreter, torch,
-thread arenas) differs between machines, the shape's own memory does not. The allocator's failure there is a
-plain RuntimeError (MemoryError from numpy or Python), re-raised as ``torch.OutOfMemoryError`` so the
-benchmark worker records it as it records CUDA's. On a GPU the cap is a per-process fraction of device memory,
-and the CUDA caching allocator raises its own out-of-memory past it. Under a CPU cap, allocations of 256 KiB
-or more get fresh mappings for the rest of the process (``fresh_mappings_for_tensors``), which costs some
-throughput: a capped CPU measurement finds the frontier, its tokens/s are not the headline figures.
+each tensor), set to what the process holds plus the cap. The allocator's failure there is a plain
+RuntimeError (MemoryError from numpy or Python), re-raised as ``torch.OutOfMemoryError`` so the benchmark
+worker records it as it records CUDA's. On a GPU it is a per-process fraction of device memory, set to what
+the caching allocator has reserved plus the cap, and the allocator raises its own out-of-memory past it.
+Under a CPU cap, allocations of 256 KiB or more get fresh mappings for the rest of the process
+(``fresh_mappings_for_tensors``), which costs some throughput: a capped CPU measurement finds the frontier,
+its tokens/s are not the headline figures. ``MemoryCap`` says what the cap and its baseline were, so the
+worker's 90% guard measures a peak against the cap as the cap counts it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import ctypes
 import ctypes.util
 import resource
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -43,28 +51,48 @@ def fresh_mappings_for_tensors() -> None:
         libc.malloc_trim(0)
 
 
-def data_segment_bytes() -> int:
-    """The process's VmData: what RLIMIT_DATA measures."""
+def status_bytes(field: str) -> int:
+    """A size from /proc/self/status: VmData (what RLIMIT_DATA measures), VmRSS (resident)."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmData:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise OSError("/proc/self/status has no VmData line")
+    raise OSError(f"/proc/self/status has no {field} line")
+
+
+def data_segment_bytes() -> int:
+    """The process's VmData: what RLIMIT_DATA measures."""
+    return status_bytes("VmData")
+
+
+@dataclass(frozen=True)
+class MemoryCap:
+    """A cap in force: ``limit_bytes`` beyond what the process held when it was set. ``baseline_bytes`` is
+    that holding in the worker's peak measure (CUDA: allocated bytes; CPU: resident set), so
+    ``peak - baseline_bytes`` is what the measurement itself used, as the cap counts it."""
+
+    limit_bytes: int
+    baseline_bytes: int
+
+    def used(self, peak_bytes: int) -> int:
+        return max(0, peak_bytes - self.baseline_bytes)
 
 
 @contextlib.contextmanager
-def memory_limit(limit_mb: int | None, device: torch.device) -> Iterator[None]:
-    """Cap the memory the body may allocate at ``limit_mb`` MiB (None: no cap); lifted on exit, so the
-    caller can still write its result after running out."""
+def memory_limit(limit_mb: int | None, device: torch.device) -> Iterator[MemoryCap | None]:
+    """Cap what the body may allocate at ``limit_mb`` MiB beyond what the process holds now (None: no cap);
+    lifted on exit, so the caller can still write its result after running out."""
     if limit_mb is None:
-        yield
+        yield None
         return
     limit = limit_mb * 2**20
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        torch.cuda.empty_cache()  # cached free blocks would otherwise be reusable beyond the cap
+        reserved = torch.cuda.memory_reserved(device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (reserved + limit) / total), device)
         try:
-            yield
+            yield MemoryCap(limit, int(torch.cuda.memory_allocated(device)))
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         return
@@ -76,7 +104,7 @@ def memory_limit(limit_mb: int | None, device: torch.device) -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, old[1]))
     try:
         with cpu_out_of_memory():
-            yield
+            yield MemoryCap(limit, status_bytes("VmRSS"))
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, old)
 

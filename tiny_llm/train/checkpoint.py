@@ -103,10 +103,11 @@ def verify_state_file(path: Path) -> None:
         raise DamagedStateError(path, f"checksum mismatch in record {bad}")
 
 
-def load_state(path: Path, *, lazy: bool = False) -> dict[str, Any]:
-    """Load a state file onto the CPU, its checksums verified first; ``lazy`` memory-maps tensors and skips
-    the checksums (cheap header reads). DamagedStateError names a damaged file."""
-    if not lazy:
+def load_state(path: Path, *, lazy: bool = False, verify: bool = True) -> dict[str, Any]:
+    """Load a state file onto the CPU, its checksums verified first (``verify``: a follower rank skips them,
+    rank 0 verified the file); ``lazy`` memory-maps tensors and skips the checksums (cheap header reads).
+    DamagedStateError names a damaged file."""
+    if verify and not lazy:
         verify_state_file(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=lazy)

@@ -19,12 +19,24 @@ parallelism that computes what one process accumulating K times as many microbat
   from the state rank 0 chose (``agree_start``), and write no states or weights (``writes_files``).
 - Evaluation is sharded: rank r takes batches r, r+K, ..., and the FP64 loss sums and target counts are
   all-reduced (``shard``, ``sum_over_ranks``).
+- Rank 0's own work (a state save, a weights export) runs behind a hand-off on a gloo control group
+  (``on_rank0``): the followers wait for it on the host, with a timeout sized for a save on slow storage
+  (``collective_timeout``, also NCCL's), never inside a device collective, and a failure of it fails every
+  rank. Every rank leaves the job together (``run_ranks``), so a follower's end never makes torchrun stop rank
+  0 mid-write. Start-up hand-offs (the state to start from) use that group too.
+- Ranks launched by ``tiny_llm launch`` meet in its private FileStore (``STORE_ENV``) with their sockets on
+  the loopback interface; under torchrun, in torchrun's store. Each rank compiles with cores / K Inductor
+  workers (at least 2).
+- DDP's logger is kept from timing iterations (``_NoRuntimeStats``): on CUDA that waits on events on the
+  first 10 synced iterations and every 100th, a synchronize inside the clock's window.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import inspect
 import itertools
 import os
 import signal
@@ -42,12 +54,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
+from tiny_llm.budget import parameter_count
 from tiny_llm.config import TRACKING_ENV, RecipeConfig
-from tiny_llm.errors import ConfigError
+from tiny_llm.errors import ConfigError, DiskFullError
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import default_cpu_threads
 from tiny_llm.runtime.engine import StepStats, UpdateAborted
 from tiny_llm.train.engine import ModelEngine
+from tiny_llm.train.launch import SCRATCH_ENV, STORE_ENV, compile_workers, remove_stale_jobs
 
 T = TypeVar("T")
 
@@ -79,6 +93,45 @@ def writes_files() -> bool:
     return not active() or dist.get_rank() == 0
 
 
+def world_size() -> int:
+    """The ranks training the model (1 outside a process group)."""
+    return dist.get_world_size() if active() else 1
+
+
+# A save on busy shared storage: FP32 weights and Adam's two moments, and the weights' export, per parameter.
+SAVE_BYTES_PER_PARAMETER = 16
+SLOW_STORAGE_BYTES_PER_SECOND = 4e6
+MIN_COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)  # gloo's default
+
+
+def collective_timeout(recipe: RecipeConfig) -> datetime.timedelta:
+    """How long a rank waits in a collective before it gives up: at least 30 minutes, and long enough for
+    rank 0 to save and export the model at 4 MB/s (NCCL's own default, 10 minutes, is not: its watchdog
+    would kill a 500m job whose final save is slow)."""
+    seconds = SAVE_BYTES_PER_PARAMETER * parameter_count(recipe.model) / SLOW_STORAGE_BYTES_PER_SECOND
+    return max(MIN_COLLECTIVE_TIMEOUT, datetime.timedelta(seconds=seconds))
+
+
+_CONTROL: list[Any] = []
+"""The gloo group of the ranks' host-side hand-offs (``control_group``), while a process group is up."""
+
+
+def control_group() -> Any:
+    """The gloo group rank-0 hand-offs and start-up messages go through (the whole group under gloo)."""
+    return _CONTROL[0] if _CONTROL else None
+
+
+def _cap_compile_workers(world_size: int) -> None:
+    """``launch.compile_workers`` Inductor compile workers per rank (cores / K, at least 2), also under
+    torchrun: Inductor's default, up to 32, is per process, and K ranks compile at once. A value the user
+    set is kept."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = compile_workers(world_size)
+
+
 def check_launch(recipe: RecipeConfig, ranks: RankContext | None) -> None:
     """The processes started must be the ranks the recipe asks for; one line naming the fix otherwise."""
     k, started = recipe.runtime.num_gpus, 1 if ranks is None else ranks.world_size
@@ -106,17 +159,40 @@ def run_ranks(recipe: RecipeConfig, train: Callable[[RecipeConfig, bool], int]) 
     check_launch(recipe, ranks)
     assert ranks is not None
     recipe = _rank_runtime(recipe, ranks)
+    _cap_compile_workers(ranks.world_size)
     backend = "gloo"
     if recipe.runtime.device.startswith("cuda"):
         backend = "nccl"
         torch.cuda.set_device(ranks.local_rank)  # NCCL binds each rank's communicator to its GPU
-    dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world_size)
+    timeout = collective_timeout(recipe)
+    store = os.environ.get(STORE_ENV)  # tiny_llm launch's FileStore; torchrun's TCP store (env://) otherwise
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{store}" if store else None,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+        timeout=timeout,
+    )
     try:
-        if ranks.rank == 0:
-            return _lead(recipe, train)
-        return _follow(recipe, train)
+        gloo = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        _CONTROL[:] = [gloo]
+        try:
+            if ranks.rank == 0:
+                return _lead(recipe, train)
+            return _follow(recipe, train)
+        finally:
+            _farewell()
     finally:
+        _CONTROL.clear()
         dist.destroy_process_group()
+
+
+def _farewell() -> None:
+    """Every rank leaves together: a follower done first waits for rank 0 (still writing its last state or
+    status), so torchrun, which stops the other ranks once one exits, never stops rank 0 mid-write. A peer
+    already gone ends the wait at once."""
+    with contextlib.suppress(RuntimeError, dist.DistError):
+        dist.barrier(group=control_group())
 
 
 def _rank_runtime(recipe: RecipeConfig, ranks: RankContext) -> RecipeConfig:
@@ -145,7 +221,7 @@ def _lead(recipe: RecipeConfig, train: Callable[[RecipeConfig, bool], int]) -> i
         return code
     finally:
         if not _announced:  # refused, complete already, or failed before the trainer started
-            dist.broadcast_object_list([("exit", code, False)], src=0)
+            dist.broadcast_object_list([("exit", code, False)], src=0, group=control_group())
 
 
 class RankExit(Exception):
@@ -156,10 +232,17 @@ class RankExit(Exception):
         self.code = code
 
 
+SCRATCH_PREFIX = "tiny-llm-rank-"
+
+
 def _follow(recipe: RecipeConfig, train: Callable[[RecipeConfig, bool], int]) -> int:
-    """A follower: the same session in a private directory, no tracking, quiet."""
+    """A follower: the same session in a private directory, no tracking, quiet. The directory is below
+    ``tiny_llm launch``'s job directory (removed with it), else in the temp directory, where those of
+    followers killed before they could remove theirs (``tiny-llm-rank-<pid>-*``) are removed first."""
     os.environ.pop(TRACKING_ENV, None)
-    with tempfile.TemporaryDirectory(prefix=f"tiny-llm-rank{dist.get_rank()}-") as scratch:
+    root = os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()
+    remove_stale_jobs(Path(root), SCRATCH_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root) as scratch:
         runtime = dataclasses.replace(recipe.runtime, output_dir=str(Path(scratch) / "run"))
         try:
             return train(dataclasses.replace(recipe, runtime=runtime, tracking=None), True)
@@ -175,7 +258,7 @@ def agree_start(
     if not active():
         return path, state, branch
     message: list[Any] = [("start", None if path is None else str(path), branch)]
-    dist.broadcast_object_list(message, src=0)
+    dist.broadcast_object_list(message, src=0, group=control_group())
     if dist.get_rank() == 0:
         _announced.append(True)
         return path, state, branch
@@ -203,7 +286,7 @@ def sum_over_ranks(
     device = totals[0].device
     counted = [torch.tensor(float(c), dtype=torch.float64, device=device) for c in counts]
     both = torch.stack([*(t.double() for t in totals), *counted])
-    dist.all_reduce(both)
+    collective(lambda: dist.all_reduce(both), "the evaluation's all-reduce")
     summed = tuple(both[: len(totals)].unbind())
     return summed, tuple(int(c) for c in both[len(totals) :].tolist())
 
@@ -224,6 +307,30 @@ def collective(run: Callable[[], T], what: str) -> T:
             f"rank {dist.get_rank()} lost its peers during {what} ({first}); the job fails, and its rerun "
             "resumes from the last saved state"
         ) from None
+
+
+def on_rank0(work: Callable[[], None], what: str) -> None:
+    """``work`` (files rank 0 writes: a state, weights) on rank 0 only, every rank waiting for it on the
+    host, on the control group (its timeout is sized for a slow save; no device collective waits meanwhile).
+    A failure of rank 0's is raised on every rank (a full disk as DiskFullError), so all fail alike."""
+    if not active():
+        work()
+        return
+    error: Exception | None = None
+    if dist.get_rank() == 0:
+        try:
+            work()
+        except Exception as exc:  # handed to the followers first, then raised here
+            error = exc
+    message: list[Any] = [None if error is None else (type(error).__name__, str(error))]
+    collective(lambda: dist.broadcast_object_list(message, src=0, group=control_group()), f"rank 0's {what}")
+    if error is not None:
+        raise error
+    if message[0] is not None:
+        kind, text = message[0]
+        if kind == DiskFullError.__name__:
+            raise DiskFullError(text)
+        raise RuntimeError(f"rank 0 failed during {what}: {kind}: {text}")
 
 
 def share(num_items: int, rank: int, world_size: int) -> range:
@@ -255,6 +362,29 @@ class StopVote:
         self.flag.fill_(int(self.local))
         self.pending = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return False
+
+
+def no_buffer_sync() -> dict[str, Any]:
+    """DDP's argument that turns off its buffer broadcast before each forward: ``forward_sync_buffers``
+    since torch 2.13, ``broadcast_buffers`` before (2.10-2.12 refuse the new name)."""
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
+    return {name: False}
+
+
+class _NoRuntimeStats:
+    """DDP's logger without its runtime statistics. DDP times its forward and backward on the first 10
+    synced iterations and every 100th after (``set_runtime_stats_and_log``); on CUDA that waits on CUDA
+    events, a device synchronize inside the run clock's window. Everything else goes to DDP's own logger."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def set_runtime_stats_and_log(self) -> None:
+        """Nothing: no timing, no wait."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
 
 
 class _MicrobatchLoss(nn.Module):
@@ -294,12 +424,14 @@ class DistributedEngine(ModelEngine):
             return DistributedDataParallel(
                 _MicrobatchLoss(self.model, self.microbatch_loss),
                 device_ids=None if device.type == "cpu" else [device],
-                forward_sync_buffers=False,  # the buffers (RoPE tables) are computed alike on every rank
                 gradient_as_bucket_view=True,  # no copies between the buckets and .grad
+                **no_buffer_sync(),  # the buffers (RoPE tables) are computed alike on every rank
             )
 
         self.ddp = collective(wrap, "DDP's start")
+        self.ddp.logger = typing.cast(Any, _NoRuntimeStats(self.ddp.logger))
         self.ddp.register_comm_hook(None, _sum_hook)
+        self.grads = []  # the tensors DDP copied into its buckets: none kept (see zero_grads)
         self.vote = StopVote()
 
     def _bucket_views(self) -> list[torch.Tensor]:
@@ -310,9 +442,12 @@ class DistributedEngine(ModelEngine):
         return typing.cast(list[torch.Tensor], grads)
 
     def zero_grads(self) -> None:
-        """Zero DDP's bucket views in place."""
-        self.grads = self._bucket_views()
-        torch._foreach_zero_(self.grads)
+        """Zero DDP's bucket views in place, keeping none of them: DDP rebuilds its buckets in the second
+        update's first forward, and a view held here through it would keep the old buckets alive through
+        that update (4 bytes per parameter more at the first window's peak). ``forward_backward`` takes
+        the views again once the update's backward is done."""
+        torch._foreach_zero_(self._bucket_views())
+        self.grads = []
 
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats:
         if self.vote.agreed():

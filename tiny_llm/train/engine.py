@@ -19,8 +19,10 @@ from tiny_llm.model import loss_sum
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.device import (
     compile_loss,
+    compiles_cuda_graphs,
     compute_context,
     dispatched_attention_kernels,
+    peak_memory_bytes,
     sdpa_context,
     to_device,
     uses_compile,
@@ -35,6 +37,10 @@ from tiny_llm.runtime.engine import (
     write_safetensors,
 )
 from tiny_llm.runtime.optim import build_optimizer, set_lr
+
+GRAPH_RECORDING_UPDATES = 3
+"""Updates over which compiled CUDA graphs are warmed up and recorded (torch's graph trees record a function
+at its second call; a microbatch's forward and backward are separate functions)."""
 
 
 def non_finite_reason(loss: float, grad_norm: float) -> str:
@@ -72,6 +78,11 @@ class ModelEngine:
             self.guard = FiniteGuard(device, 2)
             # torch's fused Adam/AdamW read the attribute in step() (getattr, as GradScaler sets it).
             setattr(self.optimizer, "found_inf", self.guard.found_inf)  # noqa: B010
+        # compile_mode reduce-overhead / max-autotune record CUDA graphs in the first updates and replay them
+        # from a private pool: the allocator's peak of a window that only replays misses that memory. The
+        # peak of the recording updates is the floor (``replay_peak_bytes``), as the captured update's is.
+        self.recording_updates_left = GRAPH_RECORDING_UPDATES if compiles_cuda_graphs(recipe, device) else 0
+        self.recorded_peak_bytes = 0
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # A forced SDPA kernel is entered inside the compiled region: compiled graphs ignore an outer one.
@@ -126,9 +137,17 @@ class ModelEngine:
         with record_function("optimizer"):
             set_lr(self.optimizer, lr)
             self.optimizer.step()
+        if self.recording_updates_left:  # the allocator's host-side statistics: no device wait
+            self.recording_updates_left -= 1
+            self.recorded_peak_bytes = max(self.recorded_peak_bytes, peak_memory_bytes(self.device))
         if self.deferred_check:
             return StepStats.deferred(values, num_targets)
         return StepStats(loss=loss, grad_norm=grad_norm, tokens=num_targets)
+
+    def replay_peak_bytes(self) -> int:
+        """The floor of a window's peak memory: under compiled CUDA graphs, the peak of the updates that
+        recorded them (their pool stays allocated, and replays never move the allocator's peak); else 0."""
+        return self.recorded_peak_bytes
 
     def norm_and_values(self, total: torch.Tensor, num_targets: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The gradients' global L2 norm, and the update's [loss, grad_norm] (both on the device)."""

@@ -143,11 +143,16 @@ class GraphEngine(ModelEngine):
         elif self.capturer is None:
             self.update(self.inputs)
         elif self.warm_updates < WARMUP_UPDATES:
-            self.capturer.warm(lambda: self.update(self.inputs))
+            self.capturer.warm(self.update_inputs)
             self.warm_updates += 1
         else:
-            self.replay = self.capturer.capture(lambda: self.update(self.inputs))
+            self.replay = self.capturer.capture(self.update_inputs)
             self.replay()
+
+    def update_inputs(self) -> None:
+        """The update of the input buffer: what is warmed up and captured (a bound method: a capturer can
+        see the engine whose buffers it records)."""
+        self.update(self.inputs)
 
     def state_dict(self) -> dict:
         """The ordinary engine's format (a float lr, capturable false): either engine resumes the other's."""

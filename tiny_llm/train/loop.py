@@ -60,7 +60,8 @@ class Trainer:
         self.clock = RunClock(device_timer(self.device), self.progress)
         self.session_start = self.clock.now()  # reset where the validation subset is prepared
         check_cuda_graph(recipe, self.device)
-        self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=True)
+        # One rank verifies the cache's checksums (rank 0, before it hands the start to the others).
+        self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=distributed.writes_files())
         self.cache.check_compatible(recipe)
         self.token_bytes = byte_table(self.cache)  # bits per byte of every validation (None: no tokenizer)
         self.budget: Budget = make_budget(recipe)
@@ -104,8 +105,8 @@ class Trainer:
         """Start afresh, or resume ``resume_path`` (``state``: that file, already loaded); ``branch``: the
         state is another run's, trained to a point this recipe shares (`continuation`)."""
         resume_path, state, branch = distributed.agree_start(resume_path, state, branch)  # rank 0's choice
-        if state is None and resume_path is not None:
-            state = checkpoint.load_state(resume_path)
+        if state is None and resume_path is not None:  # a follower: rank 0 verified the file's checksums
+            state = checkpoint.load_state(resume_path, verify=distributed.writes_files())
         if branch:
             if resume_path is None or state is None:
                 raise RuntimeError("a branch starts from another run's state file")
@@ -188,8 +189,8 @@ class Trainer:
     def keep_state(self) -> None:
         """The state after a branch point, once (immutable)."""
         step = self.progress.step
-        if step in self.kept_points() and not (self.run_dir / continuation.state_name(step)).exists():
-            self.save(continuation.state_name(step))
+        if step in self.kept_points():
+            self.save(continuation.state_name(step), keep_existing=True)
 
     def kept_points(self) -> set[int]:
         """The updates after which a state is kept: the branch points and the stop."""
@@ -264,8 +265,9 @@ class Trainer:
         p = self.progress
         flops = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
         row = train_row(p, epoch, lr, peak, self.clock.elapsed_tokens_per_second())
-        if flops:
-            row["mfu"] = row["tokens_per_second"] * flops_per_token(self.recipe.model) / flops
+        if flops:  # the row's tokens are every rank's: K GPUs' peak
+            peak_total = flops * distributed.world_size()
+            row["mfu"] = row["tokens_per_second"] * flops_per_token(self.recipe.model) / peak_total
         row.update({k: v for k, v in extra.items() if k not in row})
         row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
         self.metrics.append(row)
@@ -335,28 +337,45 @@ class Trainer:
     def save_epoch_files(self, epoch: int) -> None:
         """epoch-NNN.safetensors + epoch-NNN.pt; immutable once written."""
         stem = checkpoint.epoch_stem(epoch)
-        weights = self.run_dir / f"{stem}.safetensors"
-        if not weights.exists():
-            self.engine.export_weights(weights)
-        if not (self.run_dir / f"{stem}.pt").exists():
-            self.save(f"{stem}.pt")
+        self.export(f"{stem}.safetensors", keep_existing=True)
+        self.save(f"{stem}.pt", keep_existing=True)
 
-    def save(self, name: str, loader_state: dict[str, Any] | None = None) -> None:
+    def export(self, name: str, *, keep_existing: bool = False) -> None:
+        """The model's weights as ``name`` (rank 0 writes; every rank waits for it)."""
+        path = self.run_dir / name
+
+        def write() -> None:
+            if not (keep_existing and path.exists()):
+                self.engine.export_weights(path)
+
+        distributed.on_rank0(write, f"export of {name}")
+
+    def save(
+        self, name: str, loader_state: dict[str, Any] | None = None, *, keep_existing: bool = False
+    ) -> None:
+        """The training state as ``name`` (``keep_existing``: not over one already there). Rank 0 writes
+        (a K-rank state is a 1-rank state); every rank waits for it, on the host."""
         self.clock.pause()  # the span's kernels are done: the state is read without a wait, and not timed
         self.settle()  # never save state past a non-finite update; the window's sums are part of the state
         if self.clock.row_window_open:  # an open window's peak so far (an interruption or checkpoint)
             self.clock.fold_peak()
-        state = {
-            "recipe_identity": self.identity,
-            "identity_payload": recipe_identity_payload(self.recipe),
-            "cache_identity": self.cache.identity,
-            "progress": dataclasses.asdict(self.progress),
-            "engine": self.engine.state_dict(),
-            "loader": loader_state or self.loader.state_dict(),
-            "rng": checkpoint.rng_state(),
-        }
-        if distributed.writes_files():  # rank 0 only: a K-rank state is a 1-rank state
-            checkpoint.save_state(self.run_dir / name, state)
+        path = self.run_dir / name
+
+        def write() -> None:
+            if keep_existing and path.exists():
+                return
+            state = {
+                "recipe_identity": self.identity,
+                "identity_payload": recipe_identity_payload(self.recipe),
+                "cache_identity": self.cache.identity,
+                "progress": dataclasses.asdict(self.progress),
+                "engine": self.engine.state_dict(),
+                "loader": loader_state or self.loader.state_dict(),
+                "rng": checkpoint.rng_state(),
+            }
+            checkpoint.save_state(path, state)
+
+        distributed.on_rank0(write, f"save of {name}")
 
     def interrupt(self) -> int:
         self.clock.pause()
@@ -383,7 +402,7 @@ class Trainer:
         self.clock.stop_elapsed()  # elapsed time ends at the final state: the full validation is not in it
         if self.policy != "none":
             self.save(checkpoint.FINAL)
-            self.engine.export_weights(self.run_dir / "final.safetensors")
+            self.export("final.safetensors")
         L, batch = self.recipe.model.context_length, self.recipe.evaluation.batch_size
         full, peak = self._evaluate(iter_validation(self.cache, L, batch), "full")
         self.metrics.append(

@@ -14,6 +14,7 @@ from tiny_llm.errors import DiskFullError, RunStateError
 from tiny_llm.io import exclusive_lock
 from tiny_llm.runtime import signals
 from tiny_llm.runtime.engine import EngineFactory, NonFiniteError
+from tiny_llm.train.distributed import RankLostError
 from tiny_llm.train.loop import EXIT_COMPLETE, Interrupted, Trainer
 from tiny_llm.train.metrics import RunLog
 from tiny_llm.train.run_dir import (
@@ -74,7 +75,7 @@ def run_training(
             return trainer.run()
         except Interrupted:
             return trainer.interrupt()
-        except (NonFiniteError, DiskFullError) as exc:
+        except (NonFiniteError, DiskFullError, RankLostError) as exc:  # one line each: no traceback to add
             return trainer.fail(str(exc))
         except RunStateError:
             raise
