@@ -198,6 +198,8 @@ def test_edited_settings_and_stage_recipes_are_refused_and_the_advice_works(
     proc = snakemake(workdir, configfile, "--cores", "2", "campaign")
     error = refused(proc, workdir / "logs/plan_campaign/campaign.log", PLAN_FILE)
     assert "is not what the workflow config says" in error
+    # a failing `campaign plan ... | tee` fails its job (set -euo pipefail): no "missing output files" wait
+    assert "Failed job log(s): logs/plan_campaign/campaign.log" in proc.stdout + proc.stderr
     settings.unlink()  # as it says
     ok(snakemake(workdir, configfile, "--cores", "2", STAGE1_RECIPE))
 
