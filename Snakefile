@@ -73,6 +73,7 @@ include: "rules/packed.smk"
 include: "rules/export.smk"
 include: "rules/analysis.smk"
 include: "rules/horizons.smk"
+include: "rules/fit.smk"
 include: "rules/throughput.smk"
 
 
@@ -120,6 +121,11 @@ rule analysis:
 rule horizons:
     input:
         PLAN.targets("horizons"),
+
+
+rule fit:
+    input:
+        fit_targets,
 
 
 rule throughput:

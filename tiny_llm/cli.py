@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("tiny_llm.commands.generate", "continue a prompt with a checkpoint (KV cache)"),
     "samples": ("tiny_llm.commands.samples", "tables of exported models and their samples (report)"),
     "horizons-report": ("tiny_llm.commands.horizons_report", "loss against horizon of a WSD horizon study"),
+    "fit": ("tiny_llm.commands.fit", "scaling laws of finished runs: fit, predict a run, report, estimate"),
     "throughput": ("tiny_llm.commands.throughput", "throughput map: one point, its report, its estimate"),
 }
 

@@ -21,6 +21,7 @@ from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.data import DataPlan
 from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.fit import FitPlan
 from tiny_llm.pipeline.horizons import HorizonsPlan
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
@@ -29,6 +30,8 @@ from tiny_llm.pipeline.layout import (
     EXPORT_RUN,
     EXPORTS_DIR,
     EXPORTS_SAMPLES,
+    FIT_CURVES,
+    FIT_TABLE,
     HORIZONS_PLOT,
     HORIZONS_TABLE,
     PACKED_BENCH_SUMMARY,
@@ -46,7 +49,9 @@ from tiny_llm.pipeline.stage import Resources, StagePlan
 from tiny_llm.pipeline.throughput import ThroughputPlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
-STAGES = ("data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "throughput")
+STAGES = (
+    "data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "fit", "throughput",
+)  # fmt: skip
 
 
 def _read_json(path: Path) -> Any:
@@ -89,6 +94,7 @@ class WorkflowPlan:
         extra = dict.fromkeys(self.analysis.references("packed"), keep_epochs)
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
         self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
+        self.fit = FitPlan(self.book, config["fit"], self.horizons, self.runs, self.campaign, self.files)
         self.throughput = ThroughputPlan(self.book, config["throughput"], self.files)
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         self._add_analysed_runs()
@@ -101,6 +107,7 @@ class WorkflowPlan:
             "export": self.export,
             "analysis": self.analysis,
             "horizons": self.horizons,
+            "fit": self.fit,
             "throughput": self.throughput,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
@@ -243,6 +250,7 @@ class WorkflowPlan:
                 for path in (ANALYSIS_SUMMARY, ANALYSIS_ALIGNMENT)
             ],
             "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
+            "fit": [FIT_TABLE, FIT_CURVES],
         }
         lines = []
         for stage, files in picks.items():
