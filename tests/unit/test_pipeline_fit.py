@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pipeline_helpers import plan_of, shipped, tiny
 
@@ -161,3 +163,18 @@ def test_the_cluster_grid_and_its_muon_variant_are_priced() -> None:
     assert muon["total_gpu_hours"] == pytest.approx(110.8, abs=0.05)
     unknown = plan_of(tiny(sizes=SIZES, horizons=STUDY)).fit.estimate()
     assert "unknown (no tokens/s)" in describe_estimate(unknown)
+
+
+def test_the_estimate_command_prices_a_config_and_refuses_one_without_a_grid(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from pipeline_helpers import REPO
+
+    from tiny_llm.cli import main
+
+    assert main(["fit", "estimate", "--workflow-config", str(REPO / "config" / "cluster.yaml")]) == 2
+    assert "plans no horizon study, no fit.verify run" in capsys.readouterr().err
+    assert main(["fit", "estimate", "--workflow-config", str(REPO / "workflow_config.yaml")]) == 0
+    out = capsys.readouterr()
+    assert "fit.verify: demo-s x 1 seed(s), 145,152 tokens -> unknown (no tokens/s)" in out.err
+    assert json.loads(out.out)["rows"][-1]["tokens"] == 145_152

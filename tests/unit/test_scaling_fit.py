@@ -18,6 +18,7 @@ from tiny_llm.scaling.law import JointLaw
 from tiny_llm.scaling.points import group_points, metrics_of, read_run
 
 LAW = JointLaw(E=2.0, A=60.0, alpha=0.4, B=150.0, beta=0.35)
+CHOOSE = "choose a new or empty one"
 BPB_PER_NAT = 0.35  # a fixed tokenizer: bits per byte is the loss times a constant
 WIDTHS = (64, 96, 128)  # three sizes of the tiny preset
 HORIZONS = (1.0, 2.0, 4.0)
@@ -169,3 +170,18 @@ def test_a_variant_gets_its_speedup_and_unreadable_runs_one_line(
     with pytest.raises(DataError, match="not a finished training run"):
         (base[1] / "result.json").write_text("{}", encoding="utf-8")
         read_run(base[1])
+
+
+def test_the_report_refuses_a_folder_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("# my notes\n", encoding="utf-8")
+    args = ["fit", "report", "--fit", str(tmp_path / "fit.json"), "--output-dir", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: --output-dir {out} is a non-empty directory that tiny-llm did not write; {CHOOSE}\n"
+    )
+    assert (out / "report.md").read_text(encoding="utf-8") == "# my notes\n" and len(list(out.iterdir())) == 1
+    assert main([*args[:-1], str(tmp_path / "new"), "--prediction", "p.json"]) == 2
+    assert "--prediction and --verify-run go together" in capsys.readouterr().err

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         schema = load_schema(find_schema(Path(args.workflow_config)))
         plan = build_plan(read_config_source(args.workflow_config), schema, precheck_campaign=False)
         result = plan.fit.estimate()
+        if not result["rows"]:
+            raise ConfigError(f"estimate: {args.workflow_config} plans no horizon study, no fit.verify run")
         print(describe_estimate(result), file=sys.stderr)
         print(json.dumps(result, indent=2))
     return 0
