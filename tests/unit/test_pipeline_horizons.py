@@ -159,3 +159,26 @@ def test_report_gives_mean_and_sd_over_seeds_per_horizon(tmp_path) -> None:
     assert rows[1]["sd_loss"] == pytest.approx(0.1414213, rel=1e-6)
     assert (tmp_path / "out" / "loss-vs-horizon.png").stat().st_size > 1000
     assert "| 0.1 | 4.200000 | 0.282843 | 2 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_report_of_several_sizes_has_a_row_per_size_and_horizon(tmp_path) -> None:
+    from tiny_llm.io import atomic_write_json, atomic_write_yaml
+    from tiny_llm.report.horizons import write_horizons_report
+
+    runs = []
+    for parameters, horizon, loss in [(2000, 0.1, 4.0), (1000, 0.1, 4.5), (1000, 0.2, 4.2)]:
+        run = tmp_path / f"p{parameters}-h{horizon}"
+        atomic_write_yaml(
+            run / "resolved.yaml", {"training": {"tokens_per_parameter": horizon}, "runtime": {"seed": 42}}
+        )
+        atomic_write_json(run / "result.json", {"parameters": parameters, "final_validation": {"loss": loss}})
+        runs.append(run)
+    rows = write_horizons_report(runs, tmp_path / "out")
+    assert [(r["parameters"], r["tokens_per_parameter"]) for r in rows] == [
+        (1000, 0.1),
+        (1000, 0.2),
+        (2000, 0.1),
+    ]
+    table = (tmp_path / "out" / "report.md").read_text()
+    assert table.splitlines()[0].startswith("| Parameters | Tokens/param |")
+    assert "| 2,000 | 0.1 | 4.000000 | - | 1 |" in table
