@@ -30,9 +30,10 @@ Table = tuple[str, list[str], list[list[str]]]
 
 
 def num(value: Any, digits: int = 4) -> str:
+    """A cell: counts up to billions with thousands separators, anything else to ``digits`` figures."""
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 1e5 and digits == 4 else f"{value:.{digits}g}"
+    return f"{value:,.0f}" if 1e5 <= abs(value) < 1e10 and digits == 4 else f"{value:.{digits}g}"
 
 
 def with_interval(estimate: dict[str, Any] | None, digits: int = 4) -> str:
@@ -56,7 +57,9 @@ def law_tables(fit: dict[str, Any], metric: str) -> list[Table]:
     params += [["G", with_interval(joint["G"])], ["N* ∝ C^a: a", with_interval(joint["n_exponent"])]]
     params += [["D* ∝ C^b: b", with_interval(joint["d_exponent"])]]
     loho = joint["leave_one_horizon_out"]
+    bound = ", ".join(joint["at_bound"]) or "none"
     checks = [
+        ["at an edge of the search (not identified by the data)", bound],
         ["R² (runs)", num(joint["r2"])],
         ["RMSE (runs)", num(joint["rmse"])],
         [f"noise SD of one run ({joint['noise_sd']['source']})", num(joint["noise_sd"]["value"])],
@@ -75,21 +78,22 @@ def law_tables(fit: dict[str, Any], metric: str) -> list[Table]:
         (f"Joint law, {name}: L(N, D) = E + A/N^α + B/D^β", ["parameter", "value [interval]"], params),
         (f"Checks, {name}", ["check", "value"], checks),
         (f"Compute-optimal split, {name}", ["C (FLOPs)", "N*", "D*", "L(N*, D*)"], optimal),
-        (f"Each size's L(D) = E + B/D^β, {name}", ["N", "E", "B", "β", "R²"], sizes),
+        (f"Each size's L(D) = E + B/D^β, {name}", ["N", "E", "B", "β", "R²", "intervals"], sizes),
     ]
 
 
 def _loho_cell(row: dict[str, Any]) -> str:
     if row.get("mean_abs_error") is None:
         return row.get("reason", "-")
-    return f"mean |error| {num(row['mean_abs_error'])}, max {num(row['max_abs_error'])}"
+    return f"mean abs. error {num(row['mean_abs_error'])}, max {num(row['max_abs_error'])}"
 
 
 def _size_cells(row: dict[str, Any]) -> list[str]:
     if row.get("parameters") is None:
-        return [row.get("reason", "-"), "-", "-", "-"]
+        return [row.get("reason", "-"), "-", "-", "-", "-"]
     p = row["parameters"]
-    return [with_interval(p["E"]), with_interval(p["B"]), with_interval(p["beta"]), num(row["r2"])]
+    cells = [with_interval(p["E"]), with_interval(p["B"]), with_interval(p["beta"]), num(row["r2"])]
+    return [*cells, row["intervals"]]
 
 
 def speedup_tables(fit: dict[str, Any]) -> list[Table]:
@@ -164,6 +168,29 @@ def _band(replicates: list[JointLaw | None], n: float, d: np.ndarray, confidence
     return np.quantile(curves, [tail, 1 - tail], axis=0)
 
 
+def _log_axis(axis: Any) -> None:
+    """A log axis labelled at 1, 2 and 5 of each decade with compact numbers (12k, 1.5M), not 2×10^4."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from tiny_llm.plotting import compact_number
+
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _pos: compact_number(value)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _unidentified(joint: dict[str, Any]) -> str:
+    """A title's warning when the fit left parameters at an edge of its search."""
+    return f"\nat an edge (not identified): {', '.join(joint['at_bound'])}" if joint["at_bound"] else ""
+
+
+def _loss_range(values: list[float]) -> tuple[float, float]:
+    """The y range of a loss figure: the runs' losses and a margin (a law off the data stays off the plot)."""
+    low, high = min(values), max(values)
+    margin = 0.25 * (high - low) or 0.1
+    return low - margin, high + margin
+
+
 def plot_curves(fit: dict[str, Any], path: Path, checked: dict[str, Any] | None) -> None:
     """Per metric (and per variant, its loss): each run over D, the joint law and its band at each size's N,
     each size's own L(D) dashed; the verify run with its interval."""
@@ -205,10 +232,17 @@ def plot_curves(fit: dict[str, Any], path: Path, checked: dict[str, Any] | None)
             ax.scatter([x], [row["realised"]], marker="*", s=140, color="black", zorder=4,
                        label=f"verify run, N = {checked['prediction']['n']:,}")  # fmt: skip
         ax.set_xscale("log")
+        _log_axis(ax.xaxis)
+        shown = [r[metric] for p in points for r in p["runs"]]
+        if checked is not None and not label and checked.get(metric) is not None:
+            shown += [checked[metric]["realised"], *checked[metric]["prediction_interval"]]
+        ax.set_ylim(*_loss_range(shown))
         ax.set_xlabel("training tokens D")
         ax.set_ylabel(UNITS[metric])
         ax.set_title(
-            f"{label}{UNITS[metric]}: joint law (band: bootstrap), each size's L(D) dashed", fontsize=9
+            f"{label}{UNITS[metric]}: joint law (band: bootstrap), each size's L(D) dashed"
+            + _unidentified(result["joint"]),
+            fontsize=9,
         )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
@@ -240,20 +274,30 @@ def plot_isoflop(fit: dict[str, Any], path: Path, checked: dict[str, Any] | None
         left.scatter([checked["prediction"]["n"]], [checked["loss"]["realised"]], marker="*", s=140,
                      color="black", zorder=4, label="verify run (realised)")  # fmt: skip
     left.set_xscale("log")
+    _log_axis(left.xaxis)
+    losses = [r["loss"] for p in fit["points"] for r in p["runs"]] + [r["value"]["value"] for r in rows]
+    left.set_ylim(*_loss_range([v for v in losses if v is not None]))
     left.set_xlabel("non-embedding parameters N")
     left.set_ylabel(UNITS["loss"])
-    left.set_title("isoFLOP curves of the law (dots: optimum; grey: the fitted runs)", fontsize=9)
+    left.set_title(
+        "isoFLOP curves of the law (dots: optimum; grey: the fitted runs)" + _unidentified(joint), fontsize=9
+    )
     left.legend(fontsize=7)
     left.grid(True, alpha=0.3)
     c = np.array([r["compute"] for r in rows])
+    estimates = {key: np.array([r[key]["value"] for r in rows], dtype=float) for key in ("n", "d")}
+    finite = [v for a in estimates.values() for v in a if np.isfinite(v) and v > 0]
+    # intervals of an unidentified law span hundreds of decades: show those of the estimates
+    low, high = (min(finite) / 30, max(finite) * 30) if finite else (1.0, 10.0)
     for key, label, color in (("n", "N*(C)", "C0"), ("d", "D*(C)", "C1")):
-        value = np.array([r[key]["value"] for r in rows])
-        right.plot(c, value, color=color, marker="o", label=label)
+        right.plot(c, estimates[key], color=color, marker="o", label=label)
         ends = [r[key]["interval"] for r in rows]
         if all(e is not None and None not in e for e in ends):
-            right.fill_between(c, [e[0] for e in ends], [e[1] for e in ends], color=color, alpha=0.2)
+            band = np.clip(np.array(ends, dtype=float), low / 10, high * 10)
+            right.fill_between(c, band[:, 0], band[:, 1], color=color, alpha=0.2)
     right.set_xscale("log")
     right.set_yscale("log")
+    right.set_ylim(low, high)
     right.set_xlabel("compute C (FLOPs)")
     right.set_title("compute-optimal split with its bootstrap interval", fontsize=9)
     right.legend(fontsize=8)
