@@ -86,6 +86,7 @@ include: "rules/export.smk"
 include: "rules/analysis.smk"
 include: "rules/horizons.smk"
 include: "rules/noise.smk"
+include: "rules/fit.smk"
 include: "rules/throughput.smk"
 
 
@@ -147,6 +148,13 @@ rule horizons:
 rule noise:
     input:
         PLAN.targets("noise"),
+        PLAN.stamps("noise"),
+
+
+rule fit:
+    input:
+        fit_targets,
+        PLAN.stamps("fit"),
 
 
 rule throughput:

@@ -43,6 +43,15 @@ from tiny_llm.pipeline.layout import (
     EXPORTS_MODELS,
     EXPORTS_SAMPLES,
     EXPORTS_TABLE,
+    FIT_CURVES,
+    FIT_ISOFLOP,
+    FIT_JSON,
+    FIT_PREDICTION,
+    FIT_SUMMARY,
+    FIT_TABLE,
+    FIT_TABLE_HTML,
+    FIT_VERIFY_RECIPE,
+    FIT_VERIFY_RESULT,
     HORIZONS_BRANCH_RECIPE,
     HORIZONS_BRANCH_RESULT,
     HORIZONS_PLOT,
@@ -303,12 +312,42 @@ def analysis_metrics(wildcards) -> list[str]:
 
 
 def horizon_branch_state(wildcards) -> str:
-    return or_exit(PLAN.horizons.branch_state, int(wildcards.horizon_seed), wildcards.horizon)
+    return or_exit(
+        PLAN.horizons.branch_state, wildcards.horizon_study, int(wildcards.horizon_seed), wildcards.horizon
+    )
+
+
+def horizon_trunk_flags(wildcards) -> list[str]:
+    return words(or_exit(PLAN.horizons.trunk_flags, wildcards.horizon_study))
 
 
 def input_parents(wildcards, input) -> list[str]:
     """The directories of a rule's inputs (run directories, from their result.json), one argument each."""
     return [str(Path(path).parent) for path in input]
+
+
+# ----------------------------------------------------------------------------- scaling fit
+
+
+def fit_targets(wildcards) -> list[str]:
+    """The target `fit` (a function: a config without a grid to fit says so only when the fit is asked for)."""
+    return or_exit(PLAN.fit.requested_targets)
+
+
+def fit_law_inputs(wildcards) -> dict:
+    return PLAN.fit.law_inputs()
+
+
+def fit_law_args(wildcards) -> list[str]:
+    return PLAN.fit.law_args()
+
+
+def fit_report_inputs(wildcards) -> dict:
+    return PLAN.fit.report_inputs()
+
+
+def fit_report_args(wildcards) -> list[str]:
+    return PLAN.fit.report_args()
 
 
 # ----------------------------------------------------------------------------- throughput map

@@ -1,4 +1,4 @@
-# WSD horizon study (target `horizons`): per seed one stable trunk and one decay branch per horizon.
+# WSD horizon study (target `horizons`): per size and seed one stable trunk and one decay branch per horizon.
 #
 # results/horizons/seed<S>/trunk/{recipe.yaml, stopped.json}   the longest horizon's recipe trained to its decay
 #                                                              start, keeping step-NNNNNNN.pt at every shorter
@@ -7,11 +7,15 @@
 #                                                              decay start; equal to an independent WSD run at H
 # results/report/horizons/{report.md, horizons.json, loss-vs-horizon.png}   final loss against horizon
 #
+# With horizons.sizes each size's study is results/horizons/<size>/seed<S>/...; a recipe variant's
+# (horizons.variants) results/horizons-<variant>/[<size>/]seed<S>/... (the {horizon_study} wildcard).
+#
 # The study needs loader v2 (data.shuffle_group_size) and says so in one line when it is missing.
 # (paths: tiny_llm/pipeline/layout.py)
 
 
 wildcard_constraints:
+    horizon_study=r"horizons(-[A-Za-z0-9][A-Za-z0-9._-]*)?(/[A-Za-z0-9][A-Za-z0-9._-]*)?",
     horizon_seed=r"[0-9]+",
     horizon=r"h[0-9][0-9.e+-]*",
 
@@ -23,7 +27,7 @@ rule train_trunk:
     output:
         HORIZONS_TRUNK_STOPPED,
     log:
-        "logs/train_trunk/seed{horizon_seed}.log",
+        "logs/train_trunk/{horizon_study}/seed{horizon_seed}.log",
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")
@@ -32,7 +36,7 @@ rule train_trunk:
     params:
         plan=plan_file_digests,
         numerics=NUMERICS_VERSION,
-        flags=words(PLAN.horizons.trunk_flags()),
+        flags=horizon_trunk_flags,
         launch=PLAN.launcher("horizons"),
     shell:
         "TINY_LLM_PLAN_FILES={params.plan:q} "
@@ -48,7 +52,7 @@ rule train_branch:
     output:
         HORIZONS_BRANCH_RESULT,
     log:
-        "logs/train_branch/seed{horizon_seed}-{horizon}.log",
+        "logs/train_branch/{horizon_study}/seed{horizon_seed}-{horizon}.log",
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")

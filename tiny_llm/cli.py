@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tiny_llm.commands.noise",
         "noise study: each seed source's share of the variance; its estimate",
     ),
+    "fit": ("tiny_llm.commands.fit", "scaling laws of finished runs: fit, predict a run, report, estimate"),
     "throughput": ("tiny_llm.commands.throughput", "throughput map: one point, its report, its estimate"),
 }
 

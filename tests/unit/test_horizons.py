@@ -81,31 +81,44 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix: value}
 
 
+# A study of several sizes (horizons.sizes) runs this per size: the default tiny model and a wider one, whose
+# other parameter count gives other budgets and decay starts.
+SIZES = {"tiny": ((), {0.1: 13, 0.2: 26}), "wider": (("model.width=96",), {0.1: 20, 0.2: 40})}
+
+
+@pytest.mark.parametrize("size", list(SIZES))
 def test_branches_of_one_trunk_equal_independent_runs_bitwise(
-    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, size: str
 ) -> None:
-    recipes = {h: horizon_recipe(tiny_cache, tiny_recipe_args, tmp_path / f"alone-{h}", h) for h in HORIZONS}
+    extra, expected = SIZES[size]
+    recipes = {
+        h: horizon_recipe(tiny_cache, tiny_recipe_args, tmp_path / f"alone-{h}", h, *extra) for h in HORIZONS
+    }
     for recipe in recipes.values():
         assert run_training(recipe, quiet=True) == 0
     points = {h: stable_updates(r) for h, r in recipes.items()}
-    assert points == {0.1: 13, 0.2: 26}  # of 15 and 28 updates: those before each decay start
+    assert points == expected  # tiny: of 15 and 28 updates, those before each decay start
 
     trunk_dir = tmp_path / "trunk"
-    trunk = horizon_recipe(tiny_cache, tiny_recipe_args, trunk_dir, max(HORIZONS))
+    trunk = horizon_recipe(tiny_cache, tiny_recipe_args, trunk_dir, max(HORIZONS), *extra)
     plan = Continuation(stop_at_step=points[0.2], keep_states_at=(points[0.1],))
     with pytest.MonkeyPatch.context() as mp:
         stop_after(mp, 7)  # interrupted mid-trunk, before the first branch point
         assert run_training(trunk, resume="auto", quiet=True, plan=plan) == 130
     assert run_training(trunk, resume="auto", quiet=True, plan=plan) == 0
     stopped = read_json(trunk_dir / "stopped.json")
-    assert stopped["step"] == 26 and stopped["states"] == {"13": state_name(13), "26": state_name(26)}
+    short, long = points[0.1], points[0.2]
+    assert stopped["step"] == long and stopped["states"] == {
+        str(short): state_name(short),
+        str(long): state_name(long),
+    }
     assert read_json(trunk_dir / "status.json")["status"] == "stopped"
     assert not (trunk_dir / "result.json").exists()
     assert run_training(trunk, resume="auto", quiet=True, plan=plan) == 0  # a rerun trains nothing more
     assert read_json(trunk_dir / "stopped.json") == stopped
 
     for h in HORIZONS:
-        branch = horizon_recipe(tiny_cache, tiny_recipe_args, tmp_path / f"branch-{h}", h)
+        branch = horizon_recipe(tiny_cache, tiny_recipe_args, tmp_path / f"branch-{h}", h, *extra)
         start = Continuation(from_state=trunk_dir / state_name(points[h]))
         if h == min(HORIZONS):
             with pytest.MonkeyPatch.context() as mp:

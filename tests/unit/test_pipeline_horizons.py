@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import yaml
 from pipeline_helpers import plan_of, shipped, tiny
@@ -24,10 +26,11 @@ STUDY = {
 def test_trunk_stops_at_the_longest_decay_start_and_keeps_each_shorter_one() -> None:
     plan = plan_of(tiny(horizons=STUDY))
     h = plan.horizons
-    assert h.horizons == [0.1, 0.2] and h.stable == {0.1: 13, 0.2: 26}
-    assert h.trunk_flags() == "--stop-at-step 26 --keep-state-at 13"
-    assert h.branch_state(43, "h0.1") == "results/horizons/seed43/trunk/step-0000013.pt"
-    assert h.trunk_done(42) == "results/horizons/seed42/trunk/stopped.json"
+    assert h.horizons == [0.1, 0.2] and list(h.studies) == ["horizons"]  # one size: results/horizons/seed<S>/
+    assert h.studies["horizons"].stable == {0.1: 13, 0.2: 26}
+    assert h.trunk_flags("horizons") == "--stop-at-step 26 --keep-state-at 13"
+    assert h.branch_state("horizons", 43, "h0.1") == "results/horizons/seed43/trunk/step-0000013.pt"
+    assert h.trunk_done("horizons", 42) == "results/horizons/seed42/trunk/stopped.json"
     assert plan.targets("horizons")[:4] == [
         f"results/horizons/seed{s}/h{x}/result.json" for s in (42, 43) for x in (0.1, 0.2)
     ]
@@ -35,7 +38,9 @@ def test_trunk_stops_at_the_longest_decay_start_and_keeps_each_shorter_one() -> 
     assert trunk["training"]["tokens_per_parameter"] == 0.2 and trunk["runtime"]["seed"] == 43
     assert trunk["runtime"]["output_dir"] == "results/horizons/seed43/trunk"
     assert plan.targets("horizons") == plan.default_targets("horizons")
-    assert plan.stages["horizons"] is h and h.resources(None).threads == 1
+    assert (
+        plan.stages["horizons"] is h and h.resources(SimpleNamespace(horizon_study="horizons")).threads == 1
+    )
     # the cache holds every block of the loader-v2 groups of the longest horizon (tiny: one 65,536-token shard
     # per group), and one token of the next shard
     assert max(h.cache_tokens_needed()) == 65_536 + 1
@@ -56,6 +61,77 @@ def test_the_study_says_in_one_line_what_it_needs(change: dict, message: str) ->
     study = {**STUDY, "overrides": {k: {**v, **change.get(k, {})} for k, v in STUDY["overrides"].items()}}
     with pytest.raises(ConfigError, match=message) as info:
         plan_of(tiny(horizons=study))
+    assert "\n" not in str(info.value)
+
+
+SIZES = {
+    "tiny": {"preset": "tiny", "threads": 1, "mem_mb": 1000, "runtime_minutes": 10},
+    "wide": {"preset": "tiny", "overrides": {"model": {"width": 96}}, "threads": 2, "mem_mb": 1000},
+}
+
+
+def test_several_sizes_get_a_study_each_under_a_size_level_and_a_variant_its_own_root() -> None:
+    study = {
+        **{k: v for k, v in STUDY.items() if k != "size"},
+        "sizes": ["tiny", "wide"],
+        "size_overrides": {"wide": {"optimizer": {"lr": 0.001}}},
+        "variants": {"muon": {"overrides": {"optimizer": {"name": "muon"}}}},
+    }
+    plan = plan_of(tiny(sizes=SIZES, horizons=study))
+    h = plan.horizons
+    assert list(h.studies) == ["horizons/tiny", "horizons/wide", "horizons-muon/tiny", "horizons-muon/wide"]
+    # each size its own decay starts (another parameter count, another budget) and its own trunk flags
+    assert h.studies["horizons/tiny"].stable == {0.1: 13, 0.2: 26}
+    wide = h.studies["horizons/wide"].stable
+    assert (
+        wide[0.2] > 26
+        and h.trunk_flags("horizons/wide") == f"--stop-at-step {wide[0.2]} --keep-state-at {wide[0.1]}"
+    )
+    assert (
+        h.branch_state("horizons/wide", 42, "h0.2")
+        == f"results/horizons/wide/seed42/trunk/step-{wide[0.2]:07d}.pt"
+    )
+    assert h.results()[:2] == [
+        "results/horizons/tiny/seed42/h0.1/result.json",
+        "results/horizons/tiny/seed42/h0.2/result.json",
+    ]
+    assert h.results("muon")[0] == "results/horizons-muon/tiny/seed42/h0.1/result.json"
+    assert set(h.results()) | set(h.results("muon")) <= set(plan.targets("horizons"))
+    recipe = plan.files.content("results/horizons/wide/seed43/h0.1/recipe.yaml")
+    assert recipe["model"]["width"] == 96 and recipe["optimizer"]["lr"] == 0.001  # the size's own overrides
+    assert recipe["runtime"]["output_dir"] == "results/horizons/wide/seed43/h0.1"
+    assert plan.files.content("results/horizons/tiny/seed43/h0.1/recipe.yaml")["optimizer"]["lr"] == 0.003
+    muon = plan.files.content("results/horizons-muon/wide/seed42/trunk/recipe.yaml")["optimizer"]
+    assert muon["name"] == "muon" and muon["lr"] == 0.001
+    assert h.resources(SimpleNamespace(horizon_study="horizons-muon/wide")).threads == 2
+
+
+def test_one_size_keeps_its_layout_and_recipes() -> None:
+    """`size` and a one-entry `sizes` plan the same recipes; only `sizes` adds the size level."""
+    one = plan_of(tiny(horizons=STUDY))
+    listed = plan_of(tiny(horizons={**{k: v for k, v in STUDY.items() if k != "size"}, "sizes": ["tiny"]}))
+    for seed in (42, 43):
+        for name in ("trunk", "h0.1", "h0.2"):
+            a = one.files.content(f"results/horizons/seed{seed}/{name}/recipe.yaml")
+            b = listed.files.content(f"results/horizons/tiny/seed{seed}/{name}/recipe.yaml")
+            assert {**a, "runtime": {}} == {**b, "runtime": {}}
+            assert {k: v for k, v in a["runtime"].items() if k != "output_dir"} == {
+                k: v for k, v in b["runtime"].items() if k != "output_dir"
+            }
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sizes": ["tiny"]}, "give size .one study. or sizes .a grid., not both"),
+        ({"size": None, "sizes": ["tiny", "tiny"]}, "horizons.sizes: each size once"),
+        ({"size": None, "sizes": ["nope"]}, "unknown size 'nope'"),
+        ({"size_overrides": {"wide": {}}}, "horizons.size_overrides.wide: not a size of the study"),
+    ],
+)
+def test_sizes_are_checked_in_one_line(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        plan_of(tiny(sizes=SIZES, horizons={**STUDY, **change}))
     assert "\n" not in str(info.value)
 
 
@@ -90,3 +166,26 @@ def test_report_gives_mean_sd_se_and_bits_per_byte_over_seeds_per_horizon(tmp_pa
         "| 0.1 | 4.200000 | 0.282843 | 0.200000 | 1.0500 | 2 |"
         in (tmp_path / "out" / "report.md").read_text()
     )
+
+
+def test_the_report_of_several_sizes_has_a_row_per_size_and_horizon(tmp_path) -> None:
+    from tiny_llm.io import atomic_write_json, atomic_write_yaml
+    from tiny_llm.report.horizons import write_horizons_report
+
+    runs = []
+    for parameters, horizon, loss in [(2000, 0.1, 4.0), (1000, 0.1, 4.5), (1000, 0.2, 4.2)]:
+        run = tmp_path / f"p{parameters}-h{horizon}"
+        atomic_write_yaml(
+            run / "resolved.yaml", {"training": {"tokens_per_parameter": horizon}, "runtime": {"seed": 42}}
+        )
+        atomic_write_json(run / "result.json", {"parameters": parameters, "final_validation": {"loss": loss}})
+        runs.append(run)
+    rows = write_horizons_report(runs, tmp_path / "out")
+    assert [(r["parameters"], r["tokens_per_parameter"]) for r in rows] == [
+        (1000, 0.1),
+        (1000, 0.2),
+        (2000, 0.1),
+    ]
+    table = (tmp_path / "out" / "report.md").read_text()
+    assert table.splitlines()[0].startswith("| Parameters | Tokens/param |")
+    assert "| 2,000 | 0.1 | 4.000000 | - | - | - | 1 |" in table

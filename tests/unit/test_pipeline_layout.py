@@ -21,11 +21,12 @@ RULE_FILES = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """A pattern as a regex: a wildcard is one path part, the campaign root any path."""
+    """A pattern as a regex: a wildcard is one path part, the campaign root any path, a horizon study's
+    directory `horizons[-<variant>]` and maybe a size below it."""
     parts = re.split(r"(\{\w+\})", pattern)
+    wide = {"{campaign}": ".+", "{horizon_study}": "horizons[^/]*(/[^/]+)?"}
     regex = "".join(
-        (".+" if part == "{campaign}" else "[^/]+") if re.fullmatch(r"\{\w+\}", part) else re.escape(part)
-        for part in parts
+        wide.get(part, "[^/]+") if re.fullmatch(r"\{\w+\}", part) else re.escape(part) for part in parts
     )
     return re.compile(f"^{regex}$")
 

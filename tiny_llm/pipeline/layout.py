@@ -66,13 +66,16 @@ ANALYSIS_NOISE = "results/analysis/{analysed_run}/{settings_tag}/noise-alignment
 ANALYSIS_NORMS = "results/analysis/{analysed_run}/{settings_tag}/norms.png"
 
 # ----------------------------------------------------------------------------- WSD horizons
-# <horizon_seed> is a trunk's runtime.seed; <horizon> names a branch by its tokens per parameter (h20, h0.1).
-HORIZONS_TRUNK_DIR = "results/horizons/seed{horizon_seed}/trunk"
-HORIZONS_TRUNK_RECIPE = "results/horizons/seed{horizon_seed}/trunk/recipe.yaml"
-HORIZONS_TRUNK_STOPPED = "results/horizons/seed{horizon_seed}/trunk/stopped.json"
-HORIZONS_BRANCH_DIR = "results/horizons/seed{horizon_seed}/{horizon}"
-HORIZONS_BRANCH_RECIPE = "results/horizons/seed{horizon_seed}/{horizon}/recipe.yaml"
-HORIZONS_BRANCH_RESULT = "results/horizons/seed{horizon_seed}/{horizon}/result.json"
+# <horizon_study> is a study's directory below results/: `horizons` for one size (horizons.size), else
+# `horizons/<size>` per size (horizons.sizes); a recipe variant's (horizons.variants) is
+# `horizons-<variant>`, `horizons-<variant>/<size>`. <horizon_seed> is a trunk's runtime.seed; <horizon> names
+# a branch by its tokens per parameter (h20, h0.1).
+HORIZONS_TRUNK_DIR = "results/{horizon_study}/seed{horizon_seed}/trunk"
+HORIZONS_TRUNK_RECIPE = "results/{horizon_study}/seed{horizon_seed}/trunk/recipe.yaml"
+HORIZONS_TRUNK_STOPPED = "results/{horizon_study}/seed{horizon_seed}/trunk/stopped.json"
+HORIZONS_BRANCH_DIR = "results/{horizon_study}/seed{horizon_seed}/{horizon}"
+HORIZONS_BRANCH_RECIPE = "results/{horizon_study}/seed{horizon_seed}/{horizon}/recipe.yaml"
+HORIZONS_BRANCH_RESULT = "results/{horizon_study}/seed{horizon_seed}/{horizon}/result.json"
 HORIZONS_TABLE = "results/report/horizons/report.md"
 HORIZONS_SUMMARY = "results/report/horizons/horizons.json"
 HORIZONS_PLOT = "results/report/horizons/loss-vs-horizon.png"
@@ -85,6 +88,19 @@ NOISE_RESULT = "results/noise/{noise_run}/result.json"
 NOISE_TABLE = "results/report/noise/report.md"
 NOISE_SUMMARY = "results/report/noise/noise.json"
 NOISE_PLOT = "results/report/noise/noise.png"
+# ----------------------------------------------------------------------------- scaling fit
+# The fit of the horizon studies (and fit.runs), the prediction it makes for fit.verify, that run, and the
+# report (fitted curves, isoFLOP curves, predicted against realised).
+FIT_JSON = "results/fit/fit.json"
+FIT_PREDICTION = "results/fit/prediction.json"
+FIT_VERIFY_DIR = "results/fit/verify"
+FIT_VERIFY_RECIPE = "results/fit/verify/recipe.yaml"
+FIT_VERIFY_RESULT = "results/fit/verify/result.json"
+FIT_TABLE = "results/report/fit/report.md"
+FIT_TABLE_HTML = "results/report/fit/fit.html"
+FIT_CURVES = "results/report/fit/loss-fit.png"
+FIT_ISOFLOP = "results/report/fit/isoflop.png"
+FIT_SUMMARY = "results/report/fit/summary.json"
 
 # ----------------------------------------------------------------------------- throughput map
 # <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).

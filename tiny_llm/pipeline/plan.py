@@ -22,6 +22,7 @@ from tiny_llm.pipeline.campaign import CampaignPlan
 from tiny_llm.pipeline.data import DataPlan
 from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
+from tiny_llm.pipeline.fit import FitPlan
 from tiny_llm.pipeline.horizons import HorizonsPlan
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
@@ -30,6 +31,8 @@ from tiny_llm.pipeline.layout import (
     EXPORT_RUN,
     EXPORTS_DIR,
     EXPORTS_SAMPLES,
+    FIT_CURVES,
+    FIT_TABLE,
     HORIZONS_PLOT,
     HORIZONS_TABLE,
     NOISE_PLOT,
@@ -51,7 +54,8 @@ from tiny_llm.pipeline.throughput import ThroughputPlan
 from tiny_llm.pipeline.tuning import TuningPlan
 
 STAGES = (
-    "data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "noise", "throughput",
+    "data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "noise", "fit",
+    "throughput",
 )  # fmt: skip
 
 
@@ -96,6 +100,7 @@ class WorkflowPlan:
         self.packed = PackedPlan(self.book, config["packed"], self.files, extra)
         self.horizons = HorizonsPlan(self.book, config["horizons"], self.files)
         self.noise = NoisePlan(self.book, config["noise"], self.files)
+        self.fit = FitPlan(self.book, config["fit"], self.horizons, self.runs, self.campaign, self.files)
         self.throughput = ThroughputPlan(self.book, config["throughput"], self.files)
         self.export = ExportPlan(config["export"], list(config["runs"]), self.campaign, self.files)
         self._add_analysed_runs()
@@ -109,6 +114,7 @@ class WorkflowPlan:
             "analysis": self.analysis,
             "horizons": self.horizons,
             "noise": self.noise,
+            "fit": self.fit,
             "throughput": self.throughput,
         }
         self.data.plan_cache([need for stage in self.stages.values() for need in stage.cache_tokens_needed()])
@@ -262,6 +268,7 @@ class WorkflowPlan:
             ],
             "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
             "noise": [NOISE_TABLE, NOISE_PLOT],
+            "fit": [FIT_TABLE, FIT_CURVES],
         }
         lines = []
         for stage, files in picks.items():

@@ -21,7 +21,8 @@ class Resources:
 
 
 class StagePlan(Protocol):
-    """One stage (data, runs, tuning, campaign, packed, export, analysis, horizons) of the workflow plan."""
+    """One stage of the workflow plan: data, runs, tuning, campaign, packed, export, analysis, horizons, fit
+    (the scaling fit of the horizon grid, tiny_llm/pipeline/fit.py), throughput."""
 
     @property
     def enabled(self) -> bool:

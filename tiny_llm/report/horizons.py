@@ -1,5 +1,6 @@
 """The horizon study's report (torch-free; matplotlib for the plot): final validation loss against the
-training horizon in tokens per parameter, mean and sample SD over seeds, from the branch runs."""
+training horizon in tokens per parameter, mean and sample SD over seeds, from the branch runs; one line per
+model size when the study has several."""
 
 from __future__ import annotations
 
@@ -20,15 +21,15 @@ from tiny_llm.io import (
 
 
 def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
-    """One row per horizon: its runs' final full-validation losses (by seed), their mean, SD and standard
-    error; their bits per byte (by seed) and its mean and SD (None where a run has none)."""
-    by_horizon: dict[float, dict[int, dict[str, Any]]] = {}
+    """One row per size and horizon: its runs' final full-validation losses (by seed), their mean, SD and
+    standard error; their bits per byte (by seed) and its mean and SD (None where a run has none)."""
+    by_point: dict[tuple[int, float], dict[int, dict[str, Any]]] = {}
     for run_dir in map(Path, run_dirs):
         recipe, result = read_yaml(run_dir / "resolved.yaml"), read_json(run_dir / "result.json")
-        horizon = float(recipe["training"]["tokens_per_parameter"])
-        by_horizon.setdefault(horizon, {})[int(recipe["runtime"]["seed"])] = result["final_validation"]
+        point = (int(result.get("parameters", 0)), float(recipe["training"]["tokens_per_parameter"]))
+        by_point.setdefault(point, {})[int(recipe["runtime"]["seed"])] = result["final_validation"]
     rows = []
-    for horizon, finals in sorted(by_horizon.items()):
+    for (parameters, horizon), finals in sorted(by_point.items()):
         seeds = sorted(finals)
         values = [finals[s]["loss"] for s in seeds]
         bpb = [finals[s].get("bpb") for s in seeds]
@@ -36,6 +37,7 @@ def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
         sd = statistics.stdev(values) if len(values) > 1 else None
         rows.append(
             {
+                "parameters": parameters,
                 "tokens_per_parameter": horizon,
                 "losses": {str(s): v for s, v in zip(seeds, values, strict=True)},
                 "mean_loss": statistics.fmean(values),
@@ -68,12 +70,16 @@ def write_horizons_report(run_dirs: list[str | Path], output_dir: str | Path) ->
     rows = horizon_rows(run_dirs)
     out = claim_output_dir(output_dir, "--output-dir", ours=earlier_horizons_report)
     atomic_write_json(out / "horizons.json", {"horizons": rows})
+    sizes = len({row["parameters"] for row in rows}) > 1  # a column for the size only when there are several
     lines = [
         "| Tokens/param | Final loss (mean) | SD | SE | bpb (mean) | Seeds |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
+    if sizes:
+        lines = ["| Parameters " + lines[0], "|---:" + lines[1]]
     for row in rows:
-        cells = [f"{row['tokens_per_parameter']:g}", f"{row['mean_loss']:.6f}"]
+        cells = [f"{row['parameters']:,}"] if sizes else []
+        cells += [f"{row['tokens_per_parameter']:g}", f"{row['mean_loss']:.6f}"]
         cells += [_cell(row["sd_loss"], 6), _cell(row["se_loss"], 6), _cell(row["mean_bpb"], 4)]
         lines.append("| " + " | ".join([*cells, str(len(row["losses"]))]) + " |")
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
@@ -94,14 +100,20 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     from tiny_llm.plotting import save_png
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    x = [r["tokens_per_parameter"] for r in rows]
-    y = [r["mean_loss"] for r in rows]
-    err = [r["sd_loss"] or 0.0 for r in rows]
-    ax.errorbar(x, y, yerr=err, marker="o", capsize=3)
-    for row in rows:
-        ax.scatter(
-            [row["tokens_per_parameter"]] * len(row["losses"]), list(row["losses"].values()), s=10, alpha=0.5
-        )
+    sizes = sorted({r["parameters"] for r in rows})
+    for parameters in sizes:
+        line = [r for r in rows if r["parameters"] == parameters]
+        x, y = [r["tokens_per_parameter"] for r in line], [r["mean_loss"] for r in line]
+        label = f"{parameters:,} parameters" if len(sizes) > 1 else None
+        err = [r["sd_loss"] or 0.0 for r in line]
+        bars = ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+        for row in line:
+            ax.scatter(
+                [row["tokens_per_parameter"]] * len(row["losses"]), list(row["losses"].values()), s=10,
+                alpha=0.5, color=bars[0].get_color(),
+            )  # fmt: skip
+    if len(sizes) > 1:
+        ax.legend(fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("training horizon (tokens per parameter)")
     ax.set_ylabel("final validation loss (nats)")
