@@ -17,6 +17,7 @@ from tiny_llm.pipeline.controller import (
     unbuilt_line,
 )
 from tiny_llm.pipeline.schema import refuse_long_integers, refuse_templates
+from tiny_llm.pipeline.timing import closing_time_lines
 
 min_version("9.0")
 
@@ -171,6 +172,8 @@ onsuccess:
         print("HTML report with every table and plot: snakemake --report report.html")
     if PLAN.throughput.unmeasured_lines():  # a failed point is a result, not a failed job: say so here
         print("\n" + "\n".join(PLAN.throughput.unmeasured_lines()))
+    # this run's wall time and its longest stages, from its jobs' benchmark files (logs/<rule>/*.tsv)
+    print("\n" + "\n".join(closing_time_lines(workflow.start_time, workflow.basedir)))
 
 
 onerror:

@@ -24,6 +24,8 @@ rule train_trunk:
         HORIZONS_TRUNK_STOPPED,
     log:
         "logs/train_trunk/seed{horizon_seed}.log",
+    benchmark:
+        "logs/train_trunk/seed{horizon_seed}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")
@@ -49,6 +51,8 @@ rule train_branch:
         HORIZONS_BRANCH_RESULT,
     log:
         "logs/train_branch/seed{horizon_seed}-{horizon}.log",
+    benchmark:
+        "logs/train_branch/seed{horizon_seed}-{horizon}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")
@@ -78,6 +82,8 @@ rule report_horizons:
         ),
     log:
         "logs/report_horizons/horizons.log",
+    benchmark:
+        "logs/report_horizons/horizons.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
