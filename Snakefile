@@ -88,6 +88,7 @@ include: "rules/analysis.smk"
 include: "rules/horizons.smk"
 include: "rules/noise.smk"
 include: "rules/throughput.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -95,6 +96,7 @@ rule all:
     input:
         [PLAN.default_targets(stage) for stage in STAGES],
         PLAN.stamps(),
+        REPORT_SUMMARY,
 
 
 rule data:

@@ -86,6 +86,9 @@ NOISE_TABLE = "results/report/noise/report.md"
 NOISE_SUMMARY = "results/report/noise/noise.json"
 NOISE_PLOT = "results/report/noise/noise.png"
 
+# ----------------------------------------------------------------------------- the HTML report's front page
+REPORT_SUMMARY = "results/report/summary.rst"
+
 # ----------------------------------------------------------------------------- throughput map
 # <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).
 THROUGHPUT_RECIPE = "results/throughput/{size}/recipe.yaml"
