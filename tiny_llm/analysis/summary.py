@@ -145,12 +145,13 @@ def _label(run: str, case: str, several_runs: bool, what: str = "") -> str:
 
 
 def _finish_axis(ax: Any, ylabel: str, *, log: bool = False) -> None:
-    from tiny_llm.plotting import compact_axis
+    from tiny_llm.plotting import compact_axis, plain_log_axis
 
     ax.set_xlabel("training step (updates) of the checkpoint")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
     compact_axis(ax.xaxis, integer=True)
     ax.grid(alpha=0.3, which="both" if log else "major")
 
