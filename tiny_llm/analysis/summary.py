@@ -250,8 +250,8 @@ def draw_norms(rows: list[dict[str, Any]], logged: list[tuple[int, float]]) -> A
             _plot(ax, points, log=True, label=_label(run, case, several, what), **style)
     _finish_axis(ax, "L2 norm", log=True)
     ax.set_title("Gradient and noise norms at the checkpoints")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    if ax.get_legend_handles_labels()[0]:  # below the axes: at their side, 7 long entries took half the width
+        fig.legend(loc="outside lower center", ncols=2, fontsize=8.5)
     return fig
 
 
