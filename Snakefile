@@ -17,6 +17,7 @@ from tiny_llm.pipeline.controller import (
     unbuilt_line,
 )
 from tiny_llm.pipeline.schema import refuse_long_integers, refuse_templates
+from tiny_llm.pipeline.timing import closing_time_lines
 
 min_version("9.0")
 
@@ -88,6 +89,7 @@ include: "rules/horizons.smk"
 include: "rules/noise.smk"
 include: "rules/fit.smk"
 include: "rules/throughput.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -95,6 +97,7 @@ rule all:
     input:
         [PLAN.default_targets(stage) for stage in STAGES],
         PLAN.stamps(),
+        REPORT_SUMMARY,
 
 
 rule data:
@@ -179,6 +182,8 @@ onsuccess:
         print("HTML report with every table and plot: snakemake --report report.html")
     if PLAN.throughput.unmeasured_lines():  # a failed point is a result, not a failed job: say so here
         print("\n" + "\n".join(PLAN.throughput.unmeasured_lines()))
+    # this run's wall time and its longest stages, from its jobs' benchmark files (logs/<rule>/*.tsv)
+    print("\n" + "\n".join(closing_time_lines(workflow.start_time, workflow.basedir)))
 
 
 onerror:

@@ -25,6 +25,8 @@ rule analyze_checkpoint:
         ANALYSIS_JOB,
     log:
         "logs/analyze_checkpoint/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}.log",
+    benchmark:
+        "logs/analyze_checkpoint/{analysed_run}/{settings_tag}/{checkpoint_name}-{case}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("analysis")
@@ -65,6 +67,8 @@ rule summarize_analysis:
         ),
     log:
         "logs/summarize_analysis/{analysed_run}/{settings_tag}.log",
+    benchmark:
+        "logs/summarize_analysis/{analysed_run}/{settings_tag}.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

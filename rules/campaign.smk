@@ -31,6 +31,8 @@ rule plan_campaign:
         recipes=PLAN.campaign.recipes("stage1"),
     log:
         "logs/plan_campaign/campaign.log",
+    benchmark:
+        "logs/plan_campaign/campaign.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -53,6 +55,8 @@ rule train_campaign:
         CAMPAIGN_FILES.result,
     log:
         "logs/train_campaign/{stage}/{run}.log",
+    benchmark:
+        "logs/train_campaign/{stage}/{run}.tsv"
     wildcard_constraints:
         stage=r"stage\d+",
     conda:
@@ -83,6 +87,8 @@ rule select_run:
         CAMPAIGN_FILES.recipe,
     log:
         "logs/select_run/{stage}/{run}.log",
+    benchmark:
+        "logs/select_run/{stage}/{run}.tsv"
     wildcard_constraints:
         stage=r"stage([2-9]|[1-9][0-9]+)",
     localrule: True
@@ -106,6 +112,8 @@ rule rank_stage:
         CAMPAIGN_FILES.ranking,
     log:
         "logs/rank_stage/{stage}.log",
+    benchmark:
+        "logs/rank_stage/{stage}.tsv"
     wildcard_constraints:
         stage=r"stage\d+",
     localrule: True
@@ -151,6 +159,8 @@ rule report_campaign:
         ),
     log:
         "logs/report_campaign/campaign.log",
+    benchmark:
+        "logs/report_campaign/campaign.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -178,6 +188,8 @@ checkpoint resolve_cut:
         CAMPAIGN_FILES.tie_round,
     log:
         "logs/resolve_cut/{stage}/round-{round}.log",
+    benchmark:
+        "logs/resolve_cut/{stage}/round-{round}.tsv"
     wildcard_constraints:
         stage=r"stage\d+",
         round=r"[1-9][0-9]*",
@@ -202,6 +214,8 @@ rule add_seed:
         CAMPAIGN_FILES.recipe,
     log:
         "logs/add_seed/{stage}/{run}.log",
+    benchmark:
+        "logs/add_seed/{stage}/{run}.tsv"
     wildcard_constraints:
         stage=r"stage\d+",
         run=PLAN.campaign.tie_run_pattern,

@@ -27,6 +27,7 @@ from tiny_llm.errors import TinyLLMError
 from tiny_llm.io import read_json
 from tiny_llm.pipeline import write_plan_file
 from tiny_llm.pipeline.files import write_stamp
+from tiny_llm.pipeline.summary import write_summary
 from tiny_llm.pipeline.controller import become_the_controller, stale_snakemake_lock, unbuilt_files
 from tiny_llm.pipeline.layout import (
     ANALYSIS_ALIGNMENT,
@@ -72,6 +73,7 @@ from tiny_llm.pipeline.layout import (
     PACKED_REPORT,
     PACKED_RESULT,
     PLAN_STAMP,
+    REPORT_SUMMARY,
     RUN_EVALUATION,
     RUN_RECIPE,
     RUN_RESULT,

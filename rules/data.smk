@@ -8,6 +8,8 @@ rule build_corpus:
         directory(CORPUS_DIR),
     log:
         "logs/build_corpus/corpus.log",
+    benchmark:
+        "logs/build_corpus/corpus.tsv"
     conda:
         "../envs/torch.yaml"
     params:
@@ -24,6 +26,8 @@ rule train_tokenizer:
         directory(TOKENIZER_DIR),
     log:
         "logs/train_tokenizer/tokenizer.log",
+    benchmark:
+        "logs/train_tokenizer/tokenizer.tsv"
     conda:
         "../envs/torch.yaml"
     params:
@@ -42,6 +46,8 @@ rule prepare_cache:
         update(PLAN.data.cache_manifest),
     log:
         "logs/prepare_cache/cache.log",
+    benchmark:
+        "logs/prepare_cache/cache.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("data")

@@ -22,6 +22,8 @@ rule export_run:
         directory(EXPORT_RUN),
     log:
         "logs/export_run/{run}.log",
+    benchmark:
+        "logs/export_run/{run}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("export")
@@ -45,6 +47,8 @@ rule export_best:
         directory(EXPORT_BEST),
     log:
         "logs/export_best/{size}.log",
+    benchmark:
+        "logs/export_best/{size}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("export")
@@ -77,6 +81,8 @@ rule report_exports:
         json=EXPORTS_JSON,
     log:
         "logs/report_exports/exports.log",
+    benchmark:
+        "logs/report_exports/exports.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

@@ -18,6 +18,8 @@ rule fit_scaling:
         FIT_JSON,
     log:
         "logs/fit_scaling/fit.log",
+    benchmark:
+        "logs/fit_scaling/fit.tsv",
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -35,6 +37,8 @@ rule predict_run:
         FIT_PREDICTION,
     log:
         "logs/predict_run/prediction.log",
+    benchmark:
+        "logs/predict_run/prediction.tsv",
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -55,6 +59,8 @@ rule train_verify:
         FIT_VERIFY_RESULT,
     log:
         "logs/train_verify/verify.log",
+    benchmark:
+        "logs/train_verify/verify.tsv",
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("fit")
@@ -93,6 +99,8 @@ rule report_fit:
         ),
     log:
         "logs/report_fit/fit.log",
+    benchmark:
+        "logs/report_fit/fit.tsv",
     localrule: True
     conda:
         "../envs/report.yaml"

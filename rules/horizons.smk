@@ -28,6 +28,8 @@ rule train_trunk:
         HORIZONS_TRUNK_STOPPED,
     log:
         "logs/train_trunk/{horizon_study}/seed{horizon_seed}.log",
+    benchmark:
+        "logs/train_trunk/{horizon_study}/seed{horizon_seed}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")
@@ -53,6 +55,8 @@ rule train_branch:
         HORIZONS_BRANCH_RESULT,
     log:
         "logs/train_branch/{horizon_study}/seed{horizon_seed}-{horizon}.log",
+    benchmark:
+        "logs/train_branch/{horizon_study}/seed{horizon_seed}-{horizon}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("horizons")
@@ -82,6 +86,8 @@ rule report_horizons:
         ),
     log:
         "logs/report_horizons/horizons.log",
+    benchmark:
+        "logs/report_horizons/horizons.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

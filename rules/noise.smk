@@ -19,6 +19,8 @@ rule train_noise:
         NOISE_RESULT,
     log:
         "logs/train_noise/{noise_run}.log",
+    benchmark:
+        "logs/train_noise/{noise_run}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("noise")
@@ -43,6 +45,8 @@ rule report_noise:
         plot=report(NOISE_PLOT, caption="../report/noise-sources.rst", category="Noise study"),
     log:
         "logs/report_noise/noise.log",
+    benchmark:
+        "logs/report_noise/noise.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

@@ -27,6 +27,8 @@ rule train_packed:
         PACKED_RESULT,
     log:
         "logs/train_packed/{packed_run}.log",
+    benchmark:
+        "logs/train_packed/{packed_run}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("packed")
@@ -48,6 +50,8 @@ rule bench_packed:
         PACKED_BENCH_RESULT,
     log:
         "logs/bench_packed/{execution}-n{n}-{mode}.log",
+    benchmark:
+        "logs/bench_packed/{execution}-n{n}-{mode}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("packed")  # locally all cores: nothing runs beside a timed job
@@ -74,6 +78,8 @@ rule summarize_packed_bench:
         ),
     log:
         "logs/summarize_packed_bench/summary.log",
+    benchmark:
+        "logs/summarize_packed_bench/summary.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -100,6 +106,8 @@ rule report_packed:
         ),
     log:
         "logs/report_packed/packed.log",
+    benchmark:
+        "logs/report_packed/packed.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

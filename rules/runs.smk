@@ -13,6 +13,8 @@ rule train_run:
         RUN_RESULT,
     log:
         "logs/train_run/{run}.log",
+    benchmark:
+        "logs/train_run/{run}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("runs")
@@ -35,6 +37,8 @@ rule evaluate_run:
         RUN_EVALUATION,
     log:
         "logs/evaluate_run/{run}.log",
+    benchmark:
+        "logs/evaluate_run/{run}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("runs")
@@ -65,6 +69,8 @@ rule plot_curves:
         ),
     log:
         "logs/plot_curves/runs.log",
+    benchmark:
+        "logs/plot_curves/runs.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

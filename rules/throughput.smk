@@ -18,6 +18,8 @@ checkpoint bench_throughput:
         THROUGHPUT_POINT,
     log:
         "logs/bench_throughput/{size}-ctx{context}-m{micro}-{trial}.log",
+    benchmark:
+        "logs/bench_throughput/{size}-ctx{context}-m{micro}-{trial}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("throughput")  # locally all cores: nothing runs beside a timed job
@@ -41,6 +43,8 @@ rule report_throughput:
         plot=report(THROUGHPUT_PLOT, caption="../report/throughput-plot.rst", category="Throughput map"),
     log:
         "logs/report_throughput/throughput.log",
+    benchmark:
+        "logs/report_throughput/throughput.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

@@ -18,6 +18,8 @@ rule plan_tuning:
         TUNING_PLAN,
     log:
         "logs/plan_tuning/{profile}.log",
+    benchmark:
+        "logs/plan_tuning/{profile}.tsv"
     localrule: True
     conda:
         "../envs/torch.yaml"
@@ -36,6 +38,8 @@ rule bench_candidate:
         TUNING_CANDIDATE,
     log:
         "logs/bench_candidate/{profile}-{slot}.log",
+    benchmark:
+        "logs/bench_candidate/{profile}-{slot}.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("tuning")  # locally all cores: nothing runs beside a timed job
@@ -65,6 +69,8 @@ rule select_tuning:
         ),
     log:
         "logs/select_tuning/{profile}.log",
+    benchmark:
+        "logs/select_tuning/{profile}.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"

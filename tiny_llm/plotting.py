@@ -43,6 +43,23 @@ def compact_axis(axis: Any, *, integer: bool = False) -> None:
     axis.set_major_formatter(FuncFormatter(lambda value, _pos: compact_number(value)))
 
 
+def plain_log_axis(axis: Any) -> None:
+    """A log-scale Axis that spans at most two decades labelled 0.2, 0.3, 0.6 rather than 2×10⁻¹, 3×10⁻¹,
+    6×10⁻¹ (its minor ticks carry most labels there); a wider one keeps matplotlib's powers of ten."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainWhereNarrow(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            label = super().__call__(x, pos)
+            if not label or self.axis is None:
+                return label
+            low, high = sorted(self.axis.get_view_interval())
+            return f"{x:g}" if low > 0 and high <= 100 * low else label
+
+    axis.set_major_formatter(PlainWhereNarrow())
+    axis.set_minor_formatter(PlainWhereNarrow(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+
+
 def line_styles(count: int) -> list[dict[str, Any]]:
     """``count`` plot() keyword sets that stay distinguishable when curves coincide exactly.
 

@@ -113,3 +113,23 @@ def test_unfinished_or_duplicate_inputs_are_clear_errors(
     code = main(["analysis-summary", "--inputs", str(unfinished), "--output-dir", "x"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_the_norms_legend_sits_below_the_axes_which_keep_the_width(tmp_path: Path) -> None:
+    """Seven long entries beside the axes took half the figure's width; below them, the axes keep it."""
+    import matplotlib.pyplot as plt
+
+    from tiny_llm.analysis.summary import draw_norms, load_result, summary_rows
+
+    jobs = [
+        fake_result(tmp_path, "demo-s", f"epoch-{e:03d}", 10 * e, c)
+        for e in (1, 2)
+        for c in ("seen", "unseen")
+    ]
+    fig = draw_norms(summary_rows([load_result(job) for job in jobs]), [(5, 0.5), (15, 0.4)])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (axes,), (legend,) = fig.axes, fig.legends
+    box, key = axes.get_window_extent(renderer), legend.get_window_extent(renderer)
+    plt.close(fig)
+    assert key.y1 < box.y0 and box.width > 0.8 * fig.bbox.width

@@ -141,3 +141,21 @@ def test_a_branch_refuses_states_it_does_not_share(
     other = horizon_recipe(tiny_cache, tiny_recipe_args, tmp_path / "lr", 0.2, "optimizer.lr=0.01")
     with pytest.raises(RunStateError, match="only training.tokens_per_parameter may differ"):
         run_training(other, resume="auto", quiet=True, plan=start)
+
+
+def test_the_horizon_plot_is_ticked_at_the_horizons() -> None:
+    """A log axis alone labels 0.05 as a minor tick's 6 x 10^-2 and leaves 0.05 itself unlabelled."""
+    from matplotlib.pyplot import close
+
+    from tiny_llm.report.horizons import draw
+
+    rows = [
+        {"tokens_per_parameter": h, "mean_loss": loss, "sd_loss": None, "losses": {"42": loss}}
+        for h, loss in [(0.05, 7.2), (0.1, 7.17), (0.2, 7.01)]
+    ]
+    fig = draw(rows)
+    fig.canvas.draw()
+    axis = fig.axes[0].xaxis
+    assert [t.get_text() for t in axis.get_majorticklabels()] == ["0.05", "0.1", "0.2"]
+    assert not any(t.get_text() for t in axis.get_minorticklabels())
+    close(fig)

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from tiny_llm.plotting import compact_axis, compact_number, line_styles  # noqa: E402
+from tiny_llm.plotting import compact_axis, compact_number, line_styles, plain_log_axis  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,33 @@ def test_line_styles_differ_in_colour_marker_and_dashes():
         assert a["markersize"] > b["markersize"]  # identical curves show as nested markers
     assert all(s["markerfacecolor"] == "none" for s in styles)
     assert line_styles(1)[0]["markersize"] == 9.0
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "shown"),
+    [
+        (0.1, 0.6, ["0.2", "0.3", "0.4", "0.6"]),  # not 2×10⁻¹ ... on the minor ticks
+        (7.0, 7.2, ["7", "7.1", "7.2"]),
+    ],
+)
+def test_a_narrow_log_axis_reads_as_plain_numbers(low, high, shown):
+    fig, ax = plt.subplots(figsize=(3, 3))
+    ax.plot([0, 1], [low, high])
+    ax.set_yscale("log")
+    plain_log_axis(ax.yaxis)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()]
+    plt.close(fig)
+    assert set(shown) <= set(labels), labels
+    assert not any("10" in label and "^" in label or "×" in label for label in labels), labels
+
+
+def test_a_wide_log_axis_keeps_powers_of_ten():
+    fig, ax = plt.subplots(figsize=(3, 3))
+    ax.plot([0, 1], [1e-4, 0.6])
+    ax.set_yscale("log")
+    plain_log_axis(ax.yaxis)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_majorticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and all("10^" in label for label in labels), labels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import replace
@@ -410,3 +411,6 @@ def test_a_seeded_campaign_report_shows_the_noise_floor_the_verdicts_and_the_cut
     assert '<tr class="cut-noise"><td class="num">2</td><td>s-lr0.002-wd0.1</td>' in page
     png = (out / "intervals.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    # the page shows the plot on its own (the HTML report embeds table.html alone): the image is in it
+    assert f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"' in page
+    assert 'src="intervals.png"' not in page

@@ -223,6 +223,9 @@ def test_default_console_is_short_and_ends_saying_where_to_look(killed_and_resum
     assert max(len(line) for line in output.replace(str(state.workdir), ".").splitlines()) <= 300, output
     assert "  runs      results/report/runs/report.md, results/report/runs/learning-curves.png" in output
     assert "HTML report with every table and plot: snakemake --report report.html" in output
+    # the run's time and its longest stages, from the benchmark file of its one job (plot_curves)
+    assert re.search(r"^Time: \d+ (s|min \d\d s) in all\.$", output, re.M), output
+    assert re.search(r"^Longest stages \(their jobs' wall time summed\): runs \d+ s in 1 job; ", output, re.M)
 
 
 def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> None:

@@ -145,12 +145,13 @@ def _label(run: str, case: str, several_runs: bool, what: str = "") -> str:
 
 
 def _finish_axis(ax: Any, ylabel: str, *, log: bool = False) -> None:
-    from tiny_llm.plotting import compact_axis
+    from tiny_llm.plotting import compact_axis, plain_log_axis
 
     ax.set_xlabel("training step (updates) of the checkpoint")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
     compact_axis(ax.xaxis, integer=True)
     ax.grid(alpha=0.3, which="both" if log else "major")
 
@@ -249,8 +250,8 @@ def draw_norms(rows: list[dict[str, Any]], logged: list[tuple[int, float]]) -> A
             _plot(ax, points, log=True, label=_label(run, case, several, what), **style)
     _finish_axis(ax, "L2 norm", log=True)
     ax.set_title("Gradient and noise norms at the checkpoints")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    if ax.get_legend_handles_labels()[0]:  # below the axes: at their side, 7 long entries took half the width
+        fig.legend(loc="outside lower center", ncols=2, fontsize=8.5)
     return fig
 
 

@@ -102,6 +102,9 @@ FIT_CURVES = "results/report/fit/loss-fit.png"
 FIT_ISOFLOP = "results/report/fit/isoflop.png"
 FIT_SUMMARY = "results/report/fit/summary.json"
 
+# ----------------------------------------------------------------------------- the HTML report's front page
+REPORT_SUMMARY = "results/report/summary.rst"
+
 # ----------------------------------------------------------------------------- throughput map
 # <context> is model.context_length, <micro> the microbatch, <trial> first or confirm (an OOM's rerun).
 THROUGHPUT_RECIPE = "results/throughput/{size}/recipe.yaml"

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
+from tiny_llm.campaign.ranking import final_bpb
 from tiny_llm.config import TRACKING_ENV, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.analysis import AnalysisPlan
@@ -69,6 +71,16 @@ def _read_json(path: Path) -> Any:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and value == value and abs(value) != float("inf") else None
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run with a result: its final loss and bits per byte (None: none), its directory and export's."""
+
+    loss: float | None
+    bpb: float | None
+    run_dir: str
+    export: str
 
 
 class WorkflowPlan:
@@ -280,23 +292,30 @@ class WorkflowPlan:
     def best_run_lines(self) -> list[str]:
         """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage),
         with its loss and its export directory."""
-        best: dict[str, tuple[float, str, str]] = {}
-        for size, loss, run_dir, export in self._finished_runs():
-            if loss is not None and (size not in best or loss < best[size][0]):
-                best[size] = (loss, run_dir, export)
         lines = []
-        for size, (loss, run_dir, export) in best.items():
-            exported = export if Path(export).is_dir() else "not exported (snakemake export)"
-            lines.append(f"  best {size}: {run_dir} loss {loss:.4f}, export {exported}")
+        for size, best in self.best_runs().items():
+            exported = best.export if Path(best.export).is_dir() else "not exported (snakemake export)"
+            lines.append(f"  best {size}: {best.run_dir} loss {best.loss:.4f}, export {exported}")
         return lines
 
-    def _finished_runs(self) -> list[tuple[str, float | None, str, str]]:
-        """(size, final loss or None, run directory, export directory) of every run with a result."""
+    def best_runs(self) -> dict[str, FinishedRun]:
+        """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage)."""
+        best: dict[str, FinishedRun] = {}
+        for size, run in self._finished_runs():
+            if run.loss is not None and (size not in best or run.loss < (best[size].loss or 0.0)):
+                best[size] = run
+        return best
+
+    def _finished_runs(self) -> list[tuple[str, FinishedRun]]:
+        """(size, the run) of every run with a result; its loss None where it has no final loss."""
         out = []
         for run, spec in self.config["runs"].items():
             result = _read_json(Path(fill(RUN_RESULT, run=run)))
-            loss = None if result is None else campaign_lib.final_loss(result)
-            out.append((spec["size"], _finite(loss), fill(RUN_DIR, run=run), fill(EXPORT_RUN, run=run)))
+            loss = None if result is None else _finite(campaign_lib.final_loss(result))
+            bpb = None if result is None else final_bpb(result)
+            out.append(
+                (spec["size"], FinishedRun(loss, bpb, fill(RUN_DIR, run=run), fill(EXPORT_RUN, run=run)))
+            )
         if self.campaign.config is None:
             return out
         for size, ranking in ExportPlan.best_rankings(self.campaign).items():
@@ -305,8 +324,10 @@ class WorkflowPlan:
                 continue
             top = min(rows, key=lambda row: row.get("rank", 0))
             losses = dict(zip(top.get("runs", []), top.get("run_losses", []), strict=False))
+            bpbs = dict(zip(top.get("runs", []), top.get("run_bpb", []), strict=False))
             run_dir = str(Path(ranking).parent / top["run"])
-            out.append((size, _finite(losses.get(top["run"])), run_dir, fill(EXPORT_BEST, size=size)))
+            loss, bpb = _finite(losses.get(top["run"])), _finite(bpbs.get(top["run"]))
+            out.append((size, FinishedRun(loss, bpb, run_dir, fill(EXPORT_BEST, size=size))))
         return out
 
 

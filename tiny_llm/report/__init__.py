@@ -123,7 +123,7 @@ def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | N
     for size, c in best.items():
         atomic_write_text(out / f"selected-{size}.yaml", selected_yaml(c, size))
     md = noise_markdown(configurations, noises) if compared else None
-    html = noise_html(configurations, noises) if compared else None
+    html = noise_html(configurations, noises, out / "intervals.png") if compared else None
     atomic_write_text(out / "report.md", markdown(records, configurations, best, md))
     atomic_write_text(out / "table.html", table_html(records, configurations, best, html))
     return {

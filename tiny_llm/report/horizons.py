@@ -92,12 +92,19 @@ def _cell(value: float | None, digits: int) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    from tiny_llm.plotting import save_png
+
+    save_png(draw(rows), path)
+
+
+def draw(rows: list[dict[str, Any]]) -> Any:
+    """Loss against horizon: each horizon's mean final loss (± SD over seeds) and its seeds' losses, on a log
+    axis ticked at the horizons themselves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from tiny_llm.plotting import save_png
+    from matplotlib.ticker import NullFormatter
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sizes = sorted({r["parameters"] for r in rows})
@@ -115,8 +122,10 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     if len(sizes) > 1:
         ax.legend(fontsize=8)
     ax.set_xscale("log")
+    ax.set_xticks(x, [f"{horizon:g}" for horizon in x])  # 0.05, not a minor tick's 6 x 10^-2
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training horizon (tokens per parameter)")
     ax.set_ylabel("final validation loss (nats)")
     ax.set_title("WSD: loss against horizon (branches of one trunk)")
     ax.grid(True, alpha=0.3)
-    save_png(fig, path)
+    return fig

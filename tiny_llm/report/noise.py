@@ -6,6 +6,7 @@ stage's intervals with the cut drawn."""
 
 from __future__ import annotations
 
+import base64
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,11 @@ def noise_markdown(
     return lines
 
 
-def noise_html(configurations: list[ConfigurationRecord], noises: dict[str | None, StageNoise]) -> list[str]:
+def noise_html(
+    configurations: list[ConfigurationRecord], noises: dict[str | None, StageNoise], intervals: Path
+) -> list[str]:
+    """The section as HTML; the ``intervals`` plot embedded (a data URI), as the page is shown on its own:
+    the HTML report embeds table.html alone, where a link to a file beside it finds nothing."""
     from tiny_llm.report.tables import html_table
 
     parts = [
@@ -177,9 +182,9 @@ def noise_html(configurations: list[ConfigurationRecord], noises: dict[str | Non
         text = escape(describe_stage(stage, noise)).replace("**", "")
         parts += [f"<h3>{escape(stage or 'runs')}</h3>", f"<p>{text}</p>"]
         parts += html_table(NOISE_HEADER, items, stages=False)
-    parts.append(
-        '<p><img src="intervals.png" alt="each stage\'s configurations with their 95% intervals"></p>'
-    )
+    image = base64.b64encode(intervals.read_bytes()).decode("ascii")
+    alt = "each stage's configurations with their 95% intervals"
+    parts.append(f'<p><img src="data:image/png;base64,{image}" alt="{escape(alt)}"></p>')
     return parts
 
 
