@@ -70,7 +70,7 @@ DRY_RUN = {"-n", "--dry-run", "--dryrun"}
 PROMISES = {
     "list each one": r"^rule train_campaign:",
     "count the jobs that would run": r"^Job stats:",
-    "shows the torchrun command and gpu=4": r"gpu=4, .*\n.*torchrun --standalone --nproc-per-node 4 ",
+    "shows the launch command and gpu=4": r"gpu=4, .*\n.*tiny_llm launch --nproc-per-node 4 ",
     "12 runs, 0.831 GPU-h": r"0\.831 GPU-h \(12 runs\)",
     "12 train_campaign": r"^train_campaign +12$",
     "1.663 GPU-h": r"-> 1\.663 GPU-h",
@@ -226,7 +226,9 @@ def parse_quietly(parse: Callable[[], object]) -> tuple[object, str]:
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
             return parse(), ""
-    except SystemExit:
+    except SystemExit as exit_:
+        if exit_.code == 0:  # --help: printed and done
+            return {}, ""
         return None, stderr.getvalue().strip().splitlines()[-1]
     except Exception as exc:  # a type= function's error (--resources NAME=INT) is not argparse's own
         return None, f"{type(exc).__name__}: {exc}"
