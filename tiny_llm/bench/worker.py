@@ -275,8 +275,7 @@ def _run_protocol(
     out["seconds_per_step"] = best["seconds"] / options.steps
     out["tokens_per_second"] = best["tokens_per_second"]
     # A replayed CUDA graph never moves the allocator's peak: the capture's is the floor (the 90% guard).
-    floor = getattr(engine, "replay_peak_bytes", lambda: 0)()
-    out["peak_memory_bytes"] = max(peak_memory_bytes(device), floor)
+    out["peak_memory_bytes"] = max(peak_memory_bytes(device), engine.replay_peak_bytes())
     return update
 
 

@@ -235,6 +235,10 @@ class PackedEngine:
         """Cumulative facts of a train row; ``tokens`` is the run's so far over all workers."""
         return {"tokens_per_model": tokens // self.num_models}
 
+    def replay_peak_bytes(self) -> int:
+        """No captured update (runtime.cuda_graph is refused for packed runs): no floor."""
+        return 0
+
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""
         return {

@@ -135,10 +135,6 @@ class UpdateAborted(Exception):
 
 
 class Engine(Protocol):
-    """Optional: ``replay_peak_bytes()``, for an engine
-    whose updates replay a captured CUDA graph: the capture's peak memory, which a replay never moves in the
-    allocator's statistics (the run's clock and the benchmark worker take it as a floor)."""
-
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
     def check_finite(self) -> None:
         """``NonFiniteError`` for the first update skipped as non-finite on the device (an engine that reads
@@ -161,6 +157,12 @@ class Engine(Protocol):
 
     def row_fields(self, tokens: int) -> dict[str, Any]:
         """The engine's cumulative fields of a train row, given the run's tokens so far."""
+        ...
+
+    def replay_peak_bytes(self) -> int:
+        """The floor of a window's peak memory: for updates that replay captured CUDA graphs, the capture's
+        peak, which a replay never moves in the allocator's statistics (the run's clock and the benchmark
+        worker take it as a floor); 0 for any other engine."""
         ...
 
 

@@ -144,7 +144,7 @@ class Window:
     """The window's last update's norm: a train row's grad_norm, as the reference logs it."""
 
     def add(self, loss: float, tokens: int, grad_norm: float) -> None:
-        """One update's figures; its time comes with its span's (``RunClock.pause``)."""
+        """One update's figures; its time comes with its span's (``RunClock``)."""
         self.loss_sum += loss * tokens
         self.tokens += tokens
         self.grad_norm_sum += grad_norm
