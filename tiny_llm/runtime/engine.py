@@ -7,9 +7,9 @@ gets is decided by ``tiny_llm.engines.build_engine``.
 
 Three methods add to what a run records: ``attention_kernels()``, the attention operators an update
 dispatches (environment.json), ``result_fields(tokens)``, the engine's own result.json fields (the packed
-engine: num_models, total_parameters, tokens_per_model, topology, scheme), and ``row_fields(tokens)``, the
-engine's cumulative fields of a train row given the run's tokens so far (the packed engine:
-tokens_per_model); the ordinary engine adds none.
+engine: num_models, total_parameters, tokens_per_model, topology, scheme), and ``row_fields(stats, tokens)``,
+the engine's own fields of a train row: its last update's ``extra`` and the cumulative facts given the run's
+tokens so far (the packed engine: local_losses, ..., tokens_per_model); the ordinary engine adds none.
 """
 
 from __future__ import annotations
@@ -155,8 +155,9 @@ class Engine(Protocol):
         """The engine's own result.json fields, given the run's tokens."""
         ...
 
-    def row_fields(self, tokens: int) -> dict[str, Any]:
-        """The engine's cumulative fields of a train row, given the run's tokens so far."""
+    def row_fields(self, stats: StepStats, tokens: int) -> dict[str, Any]:
+        """The engine's own fields of a train row: its last update's ``stats.extra``, then the cumulative
+        facts given the run's tokens so far."""
         ...
 
     def replay_peak_bytes(self) -> int:

@@ -32,8 +32,9 @@ from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint, continuation, distributed
 from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, byte_table, evaluate, subset_batches
-from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
-from tiny_llm.train.progress import Progress, result_record, train_row, validation_row
+from tiny_llm.train.metrics import MetricsLog, RunLog
+from tiny_llm.train.progress import Progress, Window
+from tiny_llm.train.rows import console_line, result_record, train_row, validation_row
 from tiny_llm.train.run_dir import check_resumable, write_environment, write_status
 from tiny_llm.train.tracking import Tracker, open_tracker
 
@@ -222,7 +223,7 @@ class Trainer:
             raise Interrupted() from None
         self._account(stats, num_blocks)
         if logs_row:
-            self.log_train_row(epoch + 1, lr, stats.extra)
+            self.log_train_row(epoch + 1, lr, stats)
         if epoch_end:
             p.pending_epoch = epoch + 1
             self.finish_epoch()
@@ -255,21 +256,21 @@ class Trainer:
             self.progress.window.add(stats.loss, stats.tokens, stats.grad_norm)
         self.unsettled.clear()
 
-    def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
+    def log_train_row(self, epoch: int, lr: float, last: StepStats) -> None:
         clock = self.clock.row()  # the window's last kernels are done: its values read without a wait
         self.settle()
         p = self.progress
-        flops = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
-        row = train_row(p, epoch, lr, clock.peak_memory_bytes, clock.elapsed_tokens_per_second)
-        if flops:  # the row's tokens are every rank's: K GPUs' peak
-            peak_total = flops * distributed.world_size()
-            row["mfu"] = row["tokens_per_second"] * flops_per_token(self.recipe.model) / peak_total
-        row.update({k: v for k, v in extra.items() if k not in row})
-        row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
+        row = train_row(p, epoch, lr, clock, self.mfu_flops(), self.engine.row_fields(last, p.tokens))
         self.metrics.append(row)
         eta = clock.seconds_per_update * (len(self.schedule) - p.step)
         self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta), row=row, eta=eta)
         p.window = Window()
+
+    def mfu_flops(self) -> tuple[float, float | None]:
+        """(training FLOPs per token, the peak FLOP/s of every rank's device or None): a train row's MFU."""
+        peak = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
+        # the row's tokens are every rank's: K GPUs' peak
+        return flops_per_token(self.recipe.model), peak and peak * distributed.world_size()
 
     # ------------------------------------------------------------------ epochs, evaluation, checkpoints
 
