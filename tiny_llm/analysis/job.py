@@ -55,8 +55,8 @@ from tiny_llm.io import (
     read_json,
 )
 from tiny_llm.model import Llama
-from tiny_llm.progress import progress_bar
 from tiny_llm.runtime.device import setup_runtime, to_device
+from tiny_llm.terminal import progress_bar
 
 _NOISE_STREAM = 4
 Log = Callable[[str], None]

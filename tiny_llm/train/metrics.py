@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
-from tiny_llm.progress import TrainBar, on_terminal
+from tiny_llm.terminal import TrainBar, on_terminal
 from tiny_llm.train.rows import format_duration
 
 RESUMABLE_EVENTS = ("train", "validation")
