@@ -144,10 +144,10 @@ def test_children_copy_the_parents_whole_optimizer_block():
         (lambda s: s["stages"][0].update(size="7m"), "unknown size '7m'"),
         (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 configurations of stage1"),
         (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), r"lr\[1\]: expected a number, got str .x."),
-        (lambda s: s["stages"][0].update(lr=[0.0]), "expected positive numbers"),
+        (lambda s: s["stages"][0].update(lr=[0.0]), r"campaign.stages\[0\].lr\[0\]: must be > 0, got 0"),
         (lambda s: s["stages"][1].update(lrs=[1e-3]), "unknown key"),
         (lambda s: s["stages"][0].update(seeds=[42, 42]), "values repeat"),
-        (lambda s: s["stages"][0].update(seeds=[-1]), "non-negative integers"),
+        (lambda s: s["stages"][0].update(seeds=[-1]), r"stages\[0\].seeds\[0\]: must be >= 0, got -1"),
         (lambda s: s["stages"][0].update(points=[{"lr": 1e-3}]), "either points or lists"),
         (lambda s: s["batch_tokens"].update({"1b": 4}), "not in campaign.stages"),
         (lambda s: s.update(stages=[]), "non-empty list"),
@@ -636,7 +636,7 @@ def test_explicit_points_instead_of_a_product():
     for bad, message in [
         ([{"lr": 1e-3}, {"lr": 1e-3}], "values repeat"),
         ([{"momentum": 0.9}], "unknown key"),
-        ([{"beta2": 1.0}], "below 1"),
+        ([{"beta2": 1.0}], r"points\[0\].beta2: must be in \[0, 1\) or null, got 1"),
         ([], "non-empty list"),
     ]:
         broken = json.loads(json.dumps(section))
@@ -671,7 +671,7 @@ def test_points_may_set_the_optimizer_name_and_muon_lr():
     for bad, message in [
         ([{"lr": 1e-3}, {"lr": 1e-3, "name": "adamw"}], "run ids repeat"),
         ([{"name": "sgd"}], "expected one of adamw, muon"),
-        ([{"name": "muon", "muon_lr": 0.0}], "muon_lr: expected positive"),
+        ([{"name": "muon", "muon_lr": 0.0}], "muon_lr: must be > 0 or null, got 0"),
     ]:
         broken = json.loads(json.dumps(section))
         broken["stages"][0]["points"] = bad
@@ -874,9 +874,9 @@ def test_a_cut_inside_the_noise_gets_extra_seeds_until_it_holds(tmp_path, capsys
     [
         (
             {"extra_seeds": 0},
-            "campaign.promotion.resolve_ties.extra_seeds: expected a positive integer, got 0",
+            "campaign.promotion.resolve_ties.extra_seeds: must be >= 1, got 0",
         ),
-        ({"extra_seeds": 2, "max_rounds": 0}, "resolve_ties.max_rounds: expected a positive integer"),
+        ({"extra_seeds": 2, "max_rounds": 0}, "resolve_ties.max_rounds: must be >= 1, got 0"),
         ({"extra_seed": 2}, "campaign.promotion.resolve_ties.extra_seed"),
     ],
 )
@@ -895,3 +895,26 @@ def test_without_the_tie_rule_settings_and_identity_keep_their_form():
         "resolve_ties": {"extra_seeds": 2, "max_rounds": 1}
     }
     assert campaign.config_from_settings(campaign.settings_dict(with_rule)) == with_rule
+
+
+def test_the_schema_bounds_a_grid_as_the_optimizer_bounds_its_fields() -> None:
+    """A grid value's range is stated once, beside the optimizer's field; the stage sections take it from
+    there, and the workflow schema (which validates first) says the same."""
+    from dataclasses import fields
+
+    from tiny_llm.campaign.stages import GRID_KEYS, GridPoint, StageSection
+    from tiny_llm.config import OptimizerConfig
+    from tiny_llm.pipeline.schema import load_schema
+    from tiny_llm.typed import BOUNDS, bounds
+
+    schema = load_schema(Path(__file__).resolve().parents[2] / "schemas" / "workflow_config.schema.yaml")
+    stage = schema["properties"]["campaign"]["properties"]["stages"]["items"]["properties"]
+    point = stage["points"]["items"]["properties"]
+    optimizer = {f.name: bounds(f) for f in fields(OptimizerConfig)}
+    for key in GRID_KEYS:
+        assert bounds(next(f for f in fields(StageSection) if f.name == key)) == optimizer[key], key
+        assert {k: v for k, v in stage[key]["items"].items() if k in BOUNDS} == optimizer[key], key
+    for f in fields(GridPoint):
+        if f.name in optimizer:
+            assert bounds(f) == optimizer[f.name], f.name
+            assert {k: v for k, v in point[f.name].items() if k in BOUNDS} == optimizer[f.name], f.name

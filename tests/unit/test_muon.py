@@ -59,7 +59,7 @@ def test_adamw_recipes_keep_their_identity_and_muon_enters_it() -> None:
             ["optimizer.name=muon", "optimizer.muon_momentum=1.0"],
             "optimizer.muon_momentum: must be in [0, 1)",
         ),
-        (["optimizer.name=muon", "optimizer.muon_ns_steps=0"], "optimizer.muon_ns_steps: must be 1 to 99"),
+        (["optimizer.name=muon", "optimizer.muon_ns_steps=0"], "optimizer.muon_ns_steps: must be in [1, 99]"),
         (["optimizer.name=muon", "optimizer.muon_lr=0"], "optimizer.muon_lr: must be > 0"),
         (
             ["optimizer.name=muon", "optimizer.muon_weight_decay=-1"],
