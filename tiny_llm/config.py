@@ -78,7 +78,7 @@ class DataConfig:
     """Tokens per full cache shard."""
     tokenize_batch_size: int = field(default=256, metadata=POSITIVE)
     """Documents per tokenizer batch call."""
-    prepare_workers: int = field(default=1, metadata={"late": True, **POSITIVE, "maximum": 256})
+    prepare_workers: int = field(default=1, metadata={**POSITIVE, "maximum": 256})
     """Processes that tokenize for `prepare`, feeding one writer in order (the cache's bytes do not depend
     on it); 1 = tokenize in the preparing process; at most 256 (each one a process with a tokenizer)."""
     buffer_size_mib: int = field(default=64, metadata=POSITIVE)
@@ -218,7 +218,7 @@ class RuntimeConfig:
     eager updates and replay it; CUDA only, with the fused optimizer; short epoch-end updates run eagerly."""
     cpu_threads: int | None = field(default=8, metadata=POSITIVE)
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
-    memory_limit_mb: int | None = field(default=None, metadata={"late": True, **POSITIVE, "maximum": 2**24})
+    memory_limit_mb: int | None = field(default=None, metadata={**POSITIVE, "maximum": 2**24})
     """benchmark-worker only: MiB the measurement may allocate beyond what the process holds once its engine
     is built (CPU: the data segment; CUDA: the caching allocator's reservation); more raises an out-of-memory
     like CUDA's, and a peak at 90% of it is recorded as one. null = no cap; at most 2**24 (16 TiB, more than

@@ -171,6 +171,28 @@ def test_late_fields_at_default_leave_the_identity_unchanged() -> None:
     assert wsd["optimizer"]["lr_schedule"] == "wsd"
 
 
+def test_late_marks_only_fields_of_the_identity() -> None:
+    """An execution-only field is never in the identity, so a late mark on it would say nothing."""
+    import dataclasses
+
+    from tiny_llm.config import EXECUTION_ONLY_FIELDS, RecipeConfig
+
+    def late(cls: type, prefix: str) -> set[str]:
+        found = set()
+        for f in dataclasses.fields(cls):
+            found |= {f"{prefix}{f.name}"} if f.metadata.get("late") else set()
+            inner = [t for t in (f.type,) if isinstance(t, type) and dataclasses.is_dataclass(t)]
+            found |= late(inner[0], f"{prefix}{f.name}.") if inner else set()
+        return found
+
+    sections = {
+        f.name: f.default_factory for f in dataclasses.fields(RecipeConfig) if callable(f.default_factory)
+    }
+    marked = set().union(*(late(type(make()), f"{name}.") for name, make in sections.items()))
+    assert "optimizer.lr_schedule" in marked and "training.data_seed" in marked
+    assert not marked & EXECUTION_ONLY_FIELDS
+
+
 def test_data_passes_are_part_of_the_identity_only_when_set() -> None:
     base = recipe_identity_payload(load_recipe(["tiny"]))
     assert "data_passes" not in base["training"]  # at its default: older identities stay valid
