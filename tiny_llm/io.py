@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import fnmatch
 import json
 import os
 import re
@@ -181,18 +180,20 @@ CLAIMED_TEXT = "written by tiny-llm: its commands write here again\n"
 
 
 def check_output_dir(
-    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
+    output: str | os.PathLike[str], option: str, *, inputs: Iterable[str | os.PathLike[str]] = ()
 ) -> Path:
     """Refuse, in one line naming ``option``, a directory that files are written into when it exists and is
-    not a directory, or is non-empty and holds neither OUTPUT_MARKER nor, as ``ours`` tells, only what
-    tiny-llm wrote there (an earlier version's output, the command's own inputs): a user's files are never
-    written over."""
+    not a directory, or is non-empty and holds neither OUTPUT_MARKER nor only the command's own ``inputs``
+    (the workflow's analysis layout: the jobs' directories, then their summary beside them): a user's files
+    are never written over, and an output of an earlier version, made before outputs were marked, is not
+    taken for one of ours (docs/architecture.md, "Results of earlier versions")."""
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise ConfigError(f"{option} {output} exists and is not a directory; choose a new path")
-    if not output.is_dir() or (output / OUTPUT_MARKER).is_file() or not any(output.iterdir()):
+    if not output.is_dir() or (output / OUTPUT_MARKER).is_file():
         return output
-    if ours is not None and ours(output):
+    skipped = {os.path.abspath(path) for path in inputs}
+    if all(os.path.abspath(entry) in skipped for entry in output.iterdir()):
         return output
     raise ConfigError(
         f"{option} {output} is a non-empty directory that tiny-llm did not write; choose a new or empty one"
@@ -200,41 +201,16 @@ def check_output_dir(
 
 
 def claim_output_dir(
-    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
+    output: str | os.PathLike[str], option: str, *, inputs: Iterable[str | os.PathLike[str]] = ()
 ) -> Path:
     """check_output_dir, then ``output`` created where missing and marked with OUTPUT_MARKER, so that its
     command (a report, a benchmark's scratch directory) writes there again on a rerun."""
-    output = check_output_dir(output, option, ours=ours)
+    output = check_output_dir(output, option, inputs=inputs)
     output.mkdir(parents=True, exist_ok=True)
     marker = output / OUTPUT_MARKER
     if not marker.is_file():
         atomic_write_text(marker, CLAIMED_TEXT)
     return output
-
-
-def holds_earlier_output(
-    directory: Path,
-    names: Iterable[str],
-    recognised: Callable[[Path], bool],
-    inputs: Iterable[str | os.PathLike[str]] = (),
-) -> bool:
-    """Whether ``directory`` holds an output its command wrote before it marked its directories: beside the
-    command's ``inputs``, only files named as in ``names`` (glob patterns), each of its JSON and YAML files
-    ``recognised`` by its content, at least one of them (a user's ``report.md`` beside a ``comparison.json``
-    of theirs is not ours). Nothing but ``inputs`` also counts."""
-    skipped = {os.path.abspath(path) for path in inputs}
-    entries = [e for e in directory.iterdir() if os.path.abspath(e) not in skipped]
-    if not all(e.is_file() and any(fnmatch.fnmatchcase(e.name, n) for n in names) for e in entries):
-        return False
-    checked = [e for e in entries if e.suffix in (".json", ".yaml")]
-    return not entries or (bool(checked) and all(_recognised(recognised, e) for e in checked))
-
-
-def _recognised(recognised: Callable[[Path], bool], path: Path) -> bool:
-    try:
-        return bool(recognised(path))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # unreadable: not ours
-        return False
 
 
 _ATOMIC_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
