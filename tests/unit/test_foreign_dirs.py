@@ -24,7 +24,8 @@ from tiny_llm.cli import main
 from tiny_llm.data.prepare import prepare_cache
 from tiny_llm.engines import run_training
 from tiny_llm.errors import ConfigError, DataError, RunStateError
-from tiny_llm.io import OUTPUT_MARKER, REPLACED_INFIX, atomic_write_text
+from tiny_llm.io import REPLACED_INFIX, atomic_write_text
+from tiny_llm.output_dirs import OUTPUT_MARKER, claim_output_dir
 from tiny_llm.report import write_report
 from tiny_llm.train import run_dir as run_dirs
 from tiny_llm.train.run_dir import LOCK_FILE, remove_stale_temps
@@ -327,7 +328,7 @@ def test_the_fault_benchmark_refuses_a_foreign_workdir_and_marks_its_own(
 def test_file_modes_follow_the_umask(tmp_path: Path) -> None:
     """The helpers' own files (the marker) are as readable as any other."""
     out = tmp_path / "out"
-    io.claim_output_dir(out, "--output-dir")
+    claim_output_dir(out, "--output-dir")
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((out / OUTPUT_MARKER).stat().st_mode) == 0o666 & ~umask

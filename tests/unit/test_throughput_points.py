@@ -16,7 +16,7 @@ from tiny_llm.bench import worker
 from tiny_llm.bench.worker import WorkerOptions, run_worker
 from tiny_llm.config import dump_recipe, load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import OUTPUT_MARKER
+from tiny_llm.output_dirs import OUTPUT_MARKER
 from tiny_llm.tuning import throughput_map, tuner
 from tiny_llm.tuning.throughput_map import frontier, point_timeout, run_point, summarize, table
 

@@ -47,14 +47,9 @@ from tiny_llm.analysis.stats import summarize
 from tiny_llm.config import RecipeConfig, identity_differences, load_recipe, recipe_identity
 from tiny_llm.data.cache import open_cache
 from tiny_llm.errors import RunStateError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_with,
-    claim_output_dir,
-    exclusive_lock,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_with, exclusive_lock, read_json
 from tiny_llm.model import Llama
+from tiny_llm.output_dirs import claim_output_dir
 from tiny_llm.runtime.device import setup_runtime, to_device
 from tiny_llm.terminal import progress_bar
 

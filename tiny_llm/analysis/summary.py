@@ -20,14 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    canonical_json,
-    check_output_dir,
-    claim_output_dir,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, canonical_json, read_json
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.train.metrics import read_metrics
 
 COLUMNS = (

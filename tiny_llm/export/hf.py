@@ -33,8 +33,9 @@ from tiny_llm.export.generate import generate, prompt_ids
 from tiny_llm.export.settings import PromptSet, SamplingConfig
 from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer, set_bos_token
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
-from tiny_llm.io import check_replaceable, read_json, replacing_directory
+from tiny_llm.io import read_json
 from tiny_llm.model import Llama
+from tiny_llm.output_dirs import check_replaceable, replacing_directory
 from tiny_llm.runtime.engine import write_safetensors
 from tiny_llm.terminal import counted
 

@@ -17,13 +17,8 @@ from typing import Any
 
 from tiny_llm.errors import DataError
 from tiny_llm.export.card import EXPORT_FILE, EXPORT_FORMAT
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.report.tables import TABLE_CSS
 
 MODEL_HEADER = ("Model", "Parameters", "Weights", "Tokens", "Final loss", "dtype", "Directory")

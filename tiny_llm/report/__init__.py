@@ -35,12 +35,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.report.curves import plot_curves
 from tiny_llm.report.noise import (
     attach_noise,

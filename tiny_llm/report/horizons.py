@@ -8,14 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    read_json,
-    read_yaml,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_yaml
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 
 
 def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ from typing import Any
 from tiny_llm.budget import flops_per_token, parameter_count
 from tiny_llm.config import ModelConfig, load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_bytes, atomic_write_json, claim_output_dir, read_json
+from tiny_llm.io import atomic_write_bytes, atomic_write_json, read_json
+from tiny_llm.output_dirs import claim_output_dir
 from tiny_llm.plotting import save_png
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import window_noise
