@@ -77,10 +77,15 @@ def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "results/cpu-tuning/selected.yaml").write_text("{}")
     assert plan.where_to_look() == ["  tuning    results/cpu-tuning/selected.yaml"]
     summary = Path(plan.analysis.summary_files("demo-s")[0])
-    for path in (summary, Path("results/report/horizons/loss-vs-horizon.png")):
-        path.parent.mkdir(parents=True)
+    horizons, throughput = "results/report/horizons/loss-vs-horizon.png", "results/throughput/throughput.md"
+    for path in (summary, Path(horizons), Path(throughput)):
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
-    assert plan.where_to_look()[1:] == [f"  analysis  {summary}", "  horizons  " + str(path)]
+    assert plan.where_to_look()[1:] == [
+        f"  analysis  {summary}",
+        f"  horizons  {horizons}",
+        f"  throughput {throughput}",
+    ]
 
 
 def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:

@@ -39,6 +39,8 @@ from tiny_llm.pipeline.layout import (
     RUN_DIR,
     RUN_RESULT,
     RUNS_REPORT,
+    THROUGHPUT_PLOT,
+    THROUGHPUT_TABLE,
     fill,
 )
 from tiny_llm.pipeline.noise import NoisePlan
@@ -262,6 +264,7 @@ class WorkflowPlan:
             ],
             "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
             "noise": [NOISE_TABLE, NOISE_PLOT],
+            "throughput": [THROUGHPUT_TABLE, THROUGHPUT_PLOT],
         }
         lines = []
         for stage, files in picks.items():

@@ -21,7 +21,8 @@ class Resources:
 
 
 class StagePlan(Protocol):
-    """One stage (data, runs, tuning, campaign, packed, export, analysis, horizons) of the workflow plan."""
+    """One stage (data, runs, tuning, campaign, packed, export, analysis, horizons, noise, throughput) of the
+    workflow plan (``pipeline.plan.STAGES``)."""
 
     @property
     def enabled(self) -> bool:
