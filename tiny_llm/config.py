@@ -12,7 +12,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 import os
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -97,15 +100,39 @@ class DataConfig:
         object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))  # ~ as in a shell
 
 
+OptimizerName = Literal["adamw", "muon"]
+"""The optimizers (the campaign's grid points and the workflow schema name the same)."""
+OPTIMIZER_NAMES: tuple[str, ...] = typing.get_args(OptimizerName)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MuonConfig:
+    """Muon on the hidden matrices (``optimizer.name: muon`` only): torch's defaults, but the LR scale."""
+
+    lr: float | None = field(default=None, metadata=POSITIVE)
+    """Peak learning rate of the hidden matrices (the schedule scales it like optimizer.lr); null = lr."""
+    momentum: float = field(default=0.95, metadata=MOMENTUM)
+    """Momentum, in [0, 1)."""
+    nesterov: bool = True
+    """Nesterov momentum."""
+    ns_steps: int = field(default=5, metadata={"minimum": 1, "maximum": 99})
+    """Newton-Schulz iterations."""
+    weight_decay: float | None = field(default=None, metadata=NON_NEGATIVE)
+    """Decoupled decay of the hidden matrices (x muon.lr per update); null = optimizer.weight_decay."""
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    """torch's per-matrix LR scale: original (sqrt(max(1, out/in))) or match_rms_adamw (0.2 sqrt(max(out,
+    in)), so AdamW's lr and decay carry over)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     """The optimizer (AdamW, or Muon with AdamW) and the token-based learning-rate schedule.
 
     Under ``name: muon`` the AdamW keys (lr, beta1, beta2, eps, weight_decay) still apply, to the tied
-    embedding/head and the RMSNorm scales; the ``muon_*`` keys apply to the hidden matrices, and only under
-    muon (set under adamw, they are refused). grad_clip and the schedule keys apply under both."""
+    embedding/head and the RMSNorm scales; the ``muon`` section applies to the hidden matrices, and only under
+    muon (set under adamw, it is refused). grad_clip and the schedule keys apply under both."""
 
-    name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
+    name: OptimizerName = field(default="adamw", metadata={"late": True})
     """adamw: AdamW on every parameter. muon: torch's Muon, batched per matrix shape, on the blocks' 2-D
     matrices (q/k/v/out, gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over
     the workers too); not with runtime.cuda_graph."""
@@ -119,21 +146,9 @@ class OptimizerConfig:
     """AdamW (both names)."""
     weight_decay: float = field(default=0.1, metadata=NON_NEGATIVE)
     """AdamW's decoupled decay on all >=2-D tensors (embedding included), none on norm scales (both names)."""
-    muon_lr: float | None = field(default=None, metadata={"late": True, **POSITIVE})
-    """muon only: peak learning rate of the hidden matrices (the schedule scales it like lr); null = lr."""
-    muon_momentum: float | None = field(default=None, metadata={"late": True, **MOMENTUM})
-    """muon only: momentum in [0, 1); null = 0.95."""
-    muon_nesterov: bool | None = field(default=None, metadata={"late": True})
-    """muon only: Nesterov momentum; null = true."""
-    muon_ns_steps: int | None = field(default=None, metadata={"late": True, "minimum": 1, "maximum": 99})
-    """muon only: Newton-Schulz iterations, 1 to 99; null = 5."""
-    muon_weight_decay: float | None = field(default=None, metadata={"late": True, **NON_NEGATIVE})
-    """muon only: decoupled decay of the hidden matrices (x muon_lr per update); null = weight_decay."""
-    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = field(
-        default=None, metadata={"late": True}
-    )
-    """muon only: torch's per-matrix LR scale: original (sqrt(max(1, out/in))) or match_rms_adamw
-    (0.2 sqrt(max(out, in)), so AdamW's lr and decay carry over); null = match_rms_adamw."""
+    muon: MuonConfig | None = field(default=None, metadata={"late": True})
+    """Under muon: Muon's settings of the hidden matrices (null: its defaults, written out); refused under
+    adamw."""
     grad_clip: float | None = field(default=1.0, metadata=POSITIVE)
     """Global L2 clip threshold; null = no clipping (the norm is still computed and logged)."""
     warmup_fraction: float = field(default=0.05, metadata=FRACTION)
@@ -147,6 +162,40 @@ class OptimizerConfig:
     warmup_steps: int | None = field(default=None, metadata={"late": True, **NON_NEGATIVE})
     """Linear warmup over this many full updates (warmup_steps x batch_tokens targets), independent of the
     total; exclusive with warmup_fraction (set it to 0). null = warmup_fraction."""
+
+    def __post_init__(self) -> None:
+        if self.name == "muon" and self.muon is None:  # Muon's settings, written out in the recipe
+            object.__setattr__(self, "muon", MuonConfig())
+
+
+@dataclass(frozen=True)
+class OptimizerLabel:
+    """What reports and rankings say of a run's optimizer: its name and, under muon, the peak LR of its hidden
+    matrices (the effective one: muon.lr, else lr). AdamW sorts before Muon, then the lower Muon LR."""
+
+    name: str = "adamw"
+    muon_lr: float | None = None
+
+    @classmethod
+    def of(cls, optimizer: Mapping[str, Any]) -> OptimizerLabel:
+        """The label of an optimizer block as a recipe file holds it."""
+        name = str(optimizer.get("name") or "adamw")
+        if name == "adamw":
+            return cls()
+        muon_lr = (optimizer.get("muon") or {}).get("lr")
+        return cls(name, float(optimizer["lr"] if muon_lr is None else muon_lr))
+
+    def sort_key(self) -> tuple[str, float]:
+        return self.name, -math.inf if self.muon_lr is None else self.muon_lr
+
+    def fields(self) -> dict[str, Any]:
+        """A ranking row's fields (none for AdamW, whose rows are as they were before Muon)."""
+        return {} if self.name == "adamw" else {"name": self.name, "muon_lr": self.muon_lr}
+
+    def text(self) -> str:
+        """A table's cell: 'adamw', or 'muon (muon_lr X)' (LR is then the AdamW rate of the embedding, the
+        norms and the head)."""
+        return self.name if self.muon_lr is None else f"{self.name} (muon_lr {self.muon_lr:.6g})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,9 +451,31 @@ def load_recipe(
     return recipe_from_dict(merged)
 
 
+RETIRED_KEYS = {
+    f"optimizer.muon_{key}": f"optimizer.muon.{key}"
+    for key in ("lr", "momentum", "nesterov", "ns_steps", "weight_decay", "adjust_lr_fn")
+}
+"""Recipe keys that a section replaced, and their place now. Every recipe file written before holds them as
+null (an AdamW run's): read as absent, so those files keep working; set, one is refused naming its place."""
+
+
+def _retired_keys_dropped(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``data`` without its null retired keys; a set one is a problem naming where it went."""
+    out = dict(data)
+    for key, place in RETIRED_KEYS.items():
+        section, name = key.split(".")
+        if not isinstance(out.get(section), dict) or name not in out[section]:
+            continue
+        if out[section][name] is not None:
+            problems.append(f"{key}: is {place} now (a section of its own); move it there")
+        out[section] = {k: v for k, v in out[section].items() if k != name}
+    return out
+
+
 def recipe_from_dict(data: dict[str, Any]) -> RecipeConfig:
     """Build and validate a recipe; raise ConfigError listing every problem."""
     problems: list[str] = []
+    data = _retired_keys_dropped(data, problems)
     recipe = build(RecipeConfig, data, "", problems)
     if not problems:
         problems.extend(cross_field_problems(recipe))
@@ -496,20 +567,13 @@ def _num_gpus_problems(recipe: RecipeConfig) -> list[str]:
     return []
 
 
-MUON_KEYS = (
-    "muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps", "muon_weight_decay", "muon_adjust_lr_fn",
-)  # fmt: skip
-
-
 def _muon_problems(recipe: RecipeConfig) -> list[str]:
-    """The muon_* keys apply only under optimizer.name muon; Muon has no captured update."""
+    """The muon section applies only under optimizer.name muon; Muon has no captured update."""
     o = recipe.optimizer
     if o.name != "muon":
-        return [
-            f"optimizer.{key}: applies only under optimizer.name muon (it is {o.name}); remove it"
-            for key in MUON_KEYS
-            if getattr(o, key) is not None
-        ]
+        if o.muon is not None:
+            return [f"optimizer.muon: applies only under optimizer.name muon (it is {o.name}); remove it"]
+        return []
     if recipe.runtime.cuda_graph:
         return ["runtime.cuda_graph: captures the fused AdamW update only; set it false under muon"]
     return []

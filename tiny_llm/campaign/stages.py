@@ -6,16 +6,17 @@ import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
-from tiny_llm.config import OptimizerConfig
+from tiny_llm.config import MuonConfig, OptimizerConfig, OptimizerName
 from tiny_llm.errors import ConfigError
 from tiny_llm.typed import NON_NEGATIVE, bounds, typed_from_dict
 
 # The optimizer keys a stage may vary, in the tie order of a ranking (after the loss) and of a run id.
 GRID_KEYS = ("lr", "weight_decay", "beta1", "beta2")
 POINT_KEYS = (*GRID_KEYS, "name", "muon_lr")
-"""The keys an explicit grid point may set: the grid keys, then the optimizer's name and Muon's peak LR."""
+"""The keys an explicit grid point may set: the grid keys, then the optimizer's name and Muon's peak LR
+(``muon_lr``: the optimizer's ``muon.lr``; ``optimizer_values``)."""
 _ID_PARTS = {
     "lr": "lr{}",
     "weight_decay": "wd{}",
@@ -109,8 +110,17 @@ def stage_name(index: int) -> str:
 
 
 def optimizer_range(key: str) -> Any:
-    """A grid key's values range as the optimizer's field of that name does (its bounds live there)."""
-    return field(default=None, metadata=bounds(next(f for f in fields(OptimizerConfig) if f.name == key)))
+    """A grid key's values range as the optimizer's field does (its bounds live there; muon_lr: muon.lr's)."""
+    section, name = (MuonConfig, "lr") if key == "muon_lr" else (OptimizerConfig, key)
+    return field(default=None, metadata=bounds(next(f for f in fields(section) if f.name == name)))
+
+
+def optimizer_values(point: Mapping[str, float | str]) -> dict[str, Any]:
+    """A grid point's values as keys of an optimizer block (``muon_lr`` is its ``muon.lr``)."""
+    values: dict[str, Any] = {k: v for k, v in point.items() if k != "muon_lr"}
+    if "muon_lr" in point:
+        values["muon"] = {"lr": point["muon_lr"]}
+    return values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,10 +131,10 @@ class GridPoint:
     weight_decay: float | None = optimizer_range("weight_decay")
     beta1: float | None = optimizer_range("beta1")
     beta2: float | None = optimizer_range("beta2")
-    name: Literal["adamw", "muon"] | None = None
+    name: OptimizerName | None = None
     """optimizer.name of the point (adamw, the default, is left out of its run id)."""
     muon_lr: float | None = optimizer_range("muon_lr")
-    """optimizer.muon_lr: peak LR of the hidden matrices under muon."""
+    """optimizer.muon.lr: peak LR of the hidden matrices under muon."""
 
 
 @dataclass(frozen=True, kw_only=True)
