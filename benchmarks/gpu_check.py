@@ -96,7 +96,7 @@ RUN_FILES = (
 )
 
 
-# ----------------------------------------------------------------------------- commands and steps
+# ----------------------------------------------------------------------------- what every step is given
 
 
 @dataclass
@@ -238,6 +238,8 @@ def more_steps(s: Setup) -> list[Step]:
     ]
 
 
+# --- env
+
 ENV_PROBE = (
     "import json, torch; c = torch.cuda.is_available(); "
     "p = torch.cuda.get_device_properties(0) if c else None; "
@@ -282,106 +284,7 @@ def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**out, "torch_pin": pin, "torch_matches_pin": matches}
 
 
-def data(s: Setup) -> Step:
-    """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
-    cmds = [
-        Command(
-            "data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus), "--force"), s.on(5, 120)
-        ),
-        Command(
-            "data.tokenizer",
-            s.tiny_llm(
-                "train-tokenizer",
-                "--input",
-                str(s.corpus),
-                "--vocab-size",
-                str(TOKENIZER_VOCAB),
-                "--output",
-                str(s.tokenizer),
-            ),
-            s.on(7, 180),  # H200: 6.0 s
-        ),
-        Command(
-            "data.prepare",
-            s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"),
-            s.on(8, 180),  # H200: 6.1 s
-        ),
-    ]
-    what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
-    return Step("data", what, cmds, partial(check_data, s), min_seconds=20)
-
-
-def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
-    manifest = read_json(s.cache / "manifest.json") or {}
-    splits = manifest.get("splits", {})
-    ok = all(r.get("rc") == 0 for r in results) and bool(splits)
-    detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
-    out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
-    if not ok:
-        out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
-    return out
-
-
-BENCH_SECONDS = {"20m": 40, "50m": 42, "90m": 50}  # H200 (30 Nov 2026): 35.8, 37.4, 46.2 s
-
-
-def bench(s: Setup, size: str) -> Step:
-    """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
-    output = s.work / f"bench-{size}.worker.json"
-    argv = s.synthetic_worker(size, output, compile_=True, extra=[])
-    return Step(
-        f"bench-{size}",
-        f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
-        [Command(f"bench-{size}", argv, s.on(BENCH_SECONDS[size], 300))],
-        partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
-        min_seconds=s.on(60, 20),
-    )
-
-
-def check_bench(s: Setup, output: Path, reference: int, results: list[dict[str, Any]]) -> dict[str, Any]:
-    out = worker_record(s, output, results[0])
-    out["reference"] = f"GH200 {reference:,} tok/s"
-    if out.get("tokens_per_second"):
-        out["ratio_to_reference"] = out["tokens_per_second"] / reference
-    return out
-
-
-def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, Any]:
-    """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
-    data = read_json(output)
-    if data is None:
-        return {
-            "status": "timeout" if result.get("timed_out") else "failed",
-            "error": result.get("error") or "no worker JSON written",
-            "tokens_per_second": None,
-            "peak_memory_bytes": None,
-            "mfu": None,
-            "attention_kernel": "n/a",
-        }
-    copy = s.out / f"{output.stem}.json"
-    write_json(copy, data)
-    rec = {
-        "status": data.get("status"),
-        "worker_json": str(copy),
-        "tokens_per_second": data.get("tokens_per_second"),
-        "seconds_per_step": data.get("seconds_per_step"),
-        "peak_memory_bytes": data.get("peak_memory_bytes"),
-        "mfu": data.get("mfu"),
-        "peak_flops_per_second": data.get("peak_flops_per_second"),
-        "peak_source": data.get("peak_source"),
-        "flops_per_token": data.get("flops_per_token"),
-        "attention_kernel": short_kernels(data.get("attention_kernels")),
-        "attention_kernels": data.get("attention_kernels"),
-        "first_update_seconds": data.get("first_update_seconds"),
-        "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
-    }
-    if data.get("error"):
-        rec["error"] = str(data["error"])
-    if rec["first_update_seconds"] is not None:
-        rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
-        if rec["peak_source"]:
-            rec["detail"] += f"; MFU peak: {rec['peak_source']}"
-    return rec
+# --- pytest-cuda
 
 
 def pytest_cuda(s: Setup) -> Step:
@@ -496,204 +399,50 @@ def graph_correctness(s: Setup) -> dict[str, Any]:
     return {"verdict": verdict, "source": "pytest-cuda", "tests": graph}
 
 
-def cuda_graph(s: Setup) -> Step:
-    """Correctness first, then speed: the graph tests' outcomes from the pytest-cuda step, then
-    benchmark-worker 20m as bench-20m plus runtime.cuda_graph (the whole update replayed as one CUDA graph):
-    tokens/s with the graph, against bench-20m's without it once that has run. The CPU smoke checks its
-    one-line refusal."""
-    output = s.work / "cuda-graph-20m.worker.json"
-    argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
-    # H200 estimate: bench-20m took 35.8 s (a capture and 3 eager updates more here); not measured yet
-    command = Command("cuda-graph-20m", argv, s.on(40, 120), expect_rc=s.on((0,), (2,)))
-    return Step(
-        "cuda-graph-20m",
-        "the pytest-cuda graph tests, then benchmark-worker 20m as bench-20m with the whole update as one "
-        "CUDA graph (runtime.cuda_graph)",
-        [command],
-        partial(check_cuda_graph, s, output),
-        min_seconds=s.on(30, 10),
-        compare=partial(compare_cuda_graph, s),
-    )
+# --- data
 
 
-CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
-
-
-def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    correctness = graph_correctness(s)
-    if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
-        line = last_error_line(Path(results[0]["stderr_log"])) or ""
-        refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
-        out = {"status": "ok" if refused else "failed", "correctness": correctness}
-        out["detail"] = f"graph tests {correctness['verdict']}; refused on the CPU: {line}"
-        if not refused:
-            out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
-        return out
-    out = worker_record(s, output, results[0])
-    out["correctness"] = correctness
-    out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
-    if out.get("tokens_per_second"):
-        out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
-    out["detail"] = f"graph tests {correctness['verdict']}; " + out.get("detail", "")
-    if correctness["verdict"] == "failed":
-        out["status"] = "failed"
-        out["error"] = f"CUDA-graph tests failed in pytest-cuda: {sorted(correctness['tests'].items())}"
-    return out
-
-
-def compare_cuda_graph(s: Setup) -> dict[str, Any]:
-    """Tokens/s with the graph against bench-20m's (the same settings without it), once bench-20m has run."""
-    record, without = (
-        s.records.get("cuda-graph-20m", {}),
-        s.records.get("bench-20m", {}).get("tokens_per_second"),
-    )
-    if not (record.get("tokens_per_second") and without):
-        return {}
-    speedup = record["tokens_per_second"] / without
-    detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
-    return {"speedup_over_no_graph": speedup, "detail": detail}
-
-
-def muon(s: Setup) -> Step:
-    """Muon on the device: a short `train` of the tiny shape under optimizer.name muon on the check's cache
-    (the batched Newton-Schulz step, its device-side non-finite skip, a loss that falls), then Muon's
-    optimizer step against AdamW's at the 20m shape (benchmarks/optimizer_cost.py, eager: the optimizer
-    does not depend on compile)."""
-    run_dir = s.work / "muon-train"
-    recipe = s.train_recipe(run_dir, compile_=False, extra=["optimizer.name=muon", *TRAIN_TINY_SETS])
-    cost = [s.py, str(REPO / "benchmarks" / "optimizer_cost.py"), "--device", s.on("cuda", "cpu")]
-    cost += ["--shapes", s.on("20m", "tiny"), "--threads", s.on("8", "2"), "--set", "runtime.compile=false"]
+def data(s: Setup) -> Step:
+    """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
     cmds = [
-        # estimates from the CPU smoke's and the H200's process starts (~4 s); not measured on a GPU yet
-        Command("muon.train", s.tiny_llm("train", *recipe, "--quiet"), s.on(15, 300)),
-        Command("muon.optimizer-cost", cost, s.on(20, 600)),
-    ]
-    return Step(
-        "muon",
-        "a short Muon train (tiny shape), then the optimizer step of Muon against AdamW at 20m "
-        "(benchmarks/optimizer_cost.py)",
-        cmds,
-        partial(check_muon, s, run_dir),
-        min_seconds=s.on(20, 20),
-    )
-
-
-def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    status_json = read_json(run_dir / "status.json") or {}
-    copy_run_files(run_dir, s.out / "muon-train")
-    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
-    cost: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
-        cost = json.loads(Path(results[1]["stdout_log"]).read_text())["cases"]
-    shape = next(iter(cost.values()), {})
-    ratio = (shape.get("muon_over_adamw") or {}).get("optimizer_ms")
-    trained = status_json.get("status") == "complete" and len(losses) > 1 and losses[-1] < losses[0]
-    out: dict[str, Any] = {
-        "run_status": status_json.get("status"),
-        "train_losses": losses,
-        "optimizer_cost": cost,
-        "muon_over_adamw_optimizer": ratio,
-        "muon_optimizer_ms": (shape.get("muon") or {}).get("optimizer_ms"),
-        "adamw_optimizer_ms": (shape.get("adamw") or {}).get("optimizer_ms"),
-    }
-    out["status"] = "ok" if trained and ratio else "failed"
-    if out["status"] != "ok":
-        errors = [r.get("error") for r in results if r.get("error")]
-        out["error"] = (
-            "; ".join(errors) or f"run {status_json.get('status')}, losses {losses[:1]}..{losses[-1:]}"
-        )
-    first, last = (losses[0], losses[-1]) if losses else (None, None)
-    muon_ms, adamw_ms = out["muon_optimizer_ms"], out["adamw_optimizer_ms"]
-    out["detail"] = (
-        f"train {status_json.get('status')} (loss {fmt(first, '.3f')} -> {fmt(last, '.3f')}); optimizer step "
-        f"Muon {fmt(muon_ms, '.1f')} ms vs AdamW {fmt(adamw_ms, '.1f')} ms ({fmt(ratio, '.1f')}x)"
-    )
-    return out
-
-
-# A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
-# that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
-# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
-# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
-# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
-MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
-
-
-def map_points(s: Setup) -> Step:
-    """Two points of the throughput map (`throughput point`, each its own benchmark-worker process) under a
-    memory cap: one that fits, one a real out-of-memory of the CUDA caching allocator (status memory_limit);
-    runtime.memory_limit_mb on the device too. The recipe is `resolve`'s output."""
-    size, context, cap, fits, too_big = MAP_POINTS[s.mode]
-    recipe_cmd = Command(
-        "map-points.recipe",
-        s.tiny_llm(
-            "resolve",
-            "--config",
-            size,
-            *s.runtime_sets(compile_=False),
-            *sets("model.vocab_size=32000", f"runtime.memory_limit_mb={cap}"),
-        ),  # fmt: skip
-        s.on(5, 60),
-    )
-    recipe = s.out / "logs" / "map-points.recipe.stdout.log"  # resolve prints the recipe
-    protocol = ["--data-mode", "synthetic", "--warmup", "2", "--steps", s.on("3", "1"), "--windows", "1"]
-    outputs = {micro: s.work / f"map-point-m{micro}.json" for micro in (fits, too_big)}
-    cmds = [recipe_cmd] + [
         Command(
-            f"map-points.m{micro}",
-            s.tiny_llm(
-                "throughput",
-                "point",
-                "--recipe",
-                str(recipe),
-                "--context",
-                str(context),
-                "--micro",
-                str(micro),
-                *protocol,
-                "--timeout-seconds",
-                str(s.on(14, 300)),
-                "--output",
-                str(output),
-            ),  # fmt: skip
-            s.on(15, 300),  # estimate: a process start and a few eager 20m updates; not measured yet
-        )
-        for micro, output in outputs.items()
-    ]
-    return Step(
-        "map-points",
-        f"throughput-map points of {size} at {context} tokens under runtime.memory_limit_mb {cap}: "
-        f"micro {fits} fits, micro {too_big} is a real out-of-memory",
-        cmds,
-        partial(check_map_points, s, outputs, (fits, too_big)),
-        min_seconds=s.on(20, 20),
-    )
-
-
-def check_map_points(
-    s: Setup, outputs: dict[int, Path], micros: tuple[int, int], results: list[dict[str, Any]]
-) -> dict[str, Any]:
-    points = {micro: read_json(path) or {} for micro, path in outputs.items()}
-    for micro, point in points.items():
-        write_json(s.out / f"map-point-m{micro}.json", point)
-    fits, too_big = (points[m] for m in micros)
-    ok = fits.get("status") == "ok" and bool(fits.get("tokens_per_second"))
-    ok = ok and too_big.get("status") == "memory_limit"
-    out: dict[str, Any] = {
-        "status": "ok" if ok else "failed",
-        "points": points,
-        "tokens_per_second": fits.get("tokens_per_second"),
-        "peak_memory_bytes": fits.get("peak_memory_bytes"),
-        "detail": (
-            f"micro {micros[0]}: {fits.get('status')} ({fmt_int(fits.get('tokens_per_second'))} tok/s); "
-            f"micro {micros[1]}: {too_big.get('status')} ({str(too_big.get('error'))[:80]})"
+            "data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus), "--force"), s.on(5, 120)
         ),
-    }
+        Command(
+            "data.tokenizer",
+            s.tiny_llm(
+                "train-tokenizer",
+                "--input",
+                str(s.corpus),
+                "--vocab-size",
+                str(TOKENIZER_VOCAB),
+                "--output",
+                str(s.tokenizer),
+            ),
+            s.on(7, 180),  # H200: 6.0 s
+        ),
+        Command(
+            "data.prepare",
+            s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"),
+            s.on(8, 180),  # H200: 6.1 s
+        ),
+    ]
+    what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
+    return Step("data", what, cmds, partial(check_data, s), min_seconds=20)
+
+
+def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    manifest = read_json(s.cache / "manifest.json") or {}
+    splits = manifest.get("splits", {})
+    ok = all(r.get("rc") == 0 for r in results) and bool(splits)
+    detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
+    out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
     if not ok:
-        errors = [r.get("error") for r in results if r.get("error")]
-        out["error"] = "; ".join(errors) or f"points: {fits.get('status')}, {too_big.get('status')}"
+        out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
     return out
 
+
+# --- train-20m
 
 # The 20m train: the preset's recipe (131,072-token updates, micro 128, compiled update and evaluation,
 # fused AdamW without a host read per update, bf16), on the check's 512-token cache: vocabulary 512 and the
@@ -835,6 +584,216 @@ def compare_train_20m(s: Setup) -> dict[str, Any]:
     return out
 
 
+# --- cuda-graph-20m
+
+
+def cuda_graph(s: Setup) -> Step:
+    """Correctness first, then speed: the graph tests' outcomes from the pytest-cuda step, then
+    benchmark-worker 20m as bench-20m plus runtime.cuda_graph (the whole update replayed as one CUDA graph):
+    tokens/s with the graph, against bench-20m's without it once that has run. The CPU smoke checks its
+    one-line refusal."""
+    output = s.work / "cuda-graph-20m.worker.json"
+    argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
+    # H200 estimate: bench-20m took 35.8 s (a capture and 3 eager updates more here); not measured yet
+    command = Command("cuda-graph-20m", argv, s.on(40, 120), expect_rc=s.on((0,), (2,)))
+    return Step(
+        "cuda-graph-20m",
+        "the pytest-cuda graph tests, then benchmark-worker 20m as bench-20m with the whole update as one "
+        "CUDA graph (runtime.cuda_graph)",
+        [command],
+        partial(check_cuda_graph, s, output),
+        min_seconds=s.on(30, 10),
+        compare=partial(compare_cuda_graph, s),
+    )
+
+
+CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
+
+
+def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    correctness = graph_correctness(s)
+    if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
+        line = last_error_line(Path(results[0]["stderr_log"])) or ""
+        refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
+        out = {"status": "ok" if refused else "failed", "correctness": correctness}
+        out["detail"] = f"graph tests {correctness['verdict']}; refused on the CPU: {line}"
+        if not refused:
+            out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
+        return out
+    out = worker_record(s, output, results[0])
+    out["correctness"] = correctness
+    out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
+    out["detail"] = f"graph tests {correctness['verdict']}; " + out.get("detail", "")
+    if correctness["verdict"] == "failed":
+        out["status"] = "failed"
+        out["error"] = f"CUDA-graph tests failed in pytest-cuda: {sorted(correctness['tests'].items())}"
+    return out
+
+
+def compare_cuda_graph(s: Setup) -> dict[str, Any]:
+    """Tokens/s with the graph against bench-20m's (the same settings without it), once bench-20m has run."""
+    record, without = (
+        s.records.get("cuda-graph-20m", {}),
+        s.records.get("bench-20m", {}).get("tokens_per_second"),
+    )
+    if not (record.get("tokens_per_second") and without):
+        return {}
+    speedup = record["tokens_per_second"] / without
+    detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
+    return {"speedup_over_no_graph": speedup, "detail": detail}
+
+
+# --- muon
+
+
+def muon(s: Setup) -> Step:
+    """Muon on the device: a short `train` of the tiny shape under optimizer.name muon on the check's cache
+    (the batched Newton-Schulz step, its device-side non-finite skip, a loss that falls), then Muon's
+    optimizer step against AdamW's at the 20m shape (benchmarks/optimizer_cost.py, eager: the optimizer
+    does not depend on compile)."""
+    run_dir = s.work / "muon-train"
+    recipe = s.train_recipe(run_dir, compile_=False, extra=["optimizer.name=muon", *TRAIN_TINY_SETS])
+    cost = [s.py, str(REPO / "benchmarks" / "optimizer_cost.py"), "--device", s.on("cuda", "cpu")]
+    cost += ["--shapes", s.on("20m", "tiny"), "--threads", s.on("8", "2"), "--set", "runtime.compile=false"]
+    cmds = [
+        # estimates from the CPU smoke's and the H200's process starts (~4 s); not measured on a GPU yet
+        Command("muon.train", s.tiny_llm("train", *recipe, "--quiet"), s.on(15, 300)),
+        Command("muon.optimizer-cost", cost, s.on(20, 600)),
+    ]
+    return Step(
+        "muon",
+        "a short Muon train (tiny shape), then the optimizer step of Muon against AdamW at 20m "
+        "(benchmarks/optimizer_cost.py)",
+        cmds,
+        partial(check_muon, s, run_dir),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    status_json = read_json(run_dir / "status.json") or {}
+    copy_run_files(run_dir, s.out / "muon-train")
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
+    cost: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        cost = json.loads(Path(results[1]["stdout_log"]).read_text())["cases"]
+    shape = next(iter(cost.values()), {})
+    ratio = (shape.get("muon_over_adamw") or {}).get("optimizer_ms")
+    trained = status_json.get("status") == "complete" and len(losses) > 1 and losses[-1] < losses[0]
+    out: dict[str, Any] = {
+        "run_status": status_json.get("status"),
+        "train_losses": losses,
+        "optimizer_cost": cost,
+        "muon_over_adamw_optimizer": ratio,
+        "muon_optimizer_ms": (shape.get("muon") or {}).get("optimizer_ms"),
+        "adamw_optimizer_ms": (shape.get("adamw") or {}).get("optimizer_ms"),
+    }
+    out["status"] = "ok" if trained and ratio else "failed"
+    if out["status"] != "ok":
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = (
+            "; ".join(errors) or f"run {status_json.get('status')}, losses {losses[:1]}..{losses[-1:]}"
+        )
+    first, last = (losses[0], losses[-1]) if losses else (None, None)
+    muon_ms, adamw_ms = out["muon_optimizer_ms"], out["adamw_optimizer_ms"]
+    out["detail"] = (
+        f"train {status_json.get('status')} (loss {fmt(first, '.3f')} -> {fmt(last, '.3f')}); optimizer step "
+        f"Muon {fmt(muon_ms, '.1f')} ms vs AdamW {fmt(adamw_ms, '.1f')} ms ({fmt(ratio, '.1f')}x)"
+    )
+    return out
+
+
+# --- map-points
+
+# A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
+# that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
+# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
+# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
+# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
+MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
+
+
+def map_points(s: Setup) -> Step:
+    """Two points of the throughput map (`throughput point`, each its own benchmark-worker process) under a
+    memory cap: one that fits, one a real out-of-memory of the CUDA caching allocator (status memory_limit);
+    runtime.memory_limit_mb on the device too. The recipe is `resolve`'s output."""
+    size, context, cap, fits, too_big = MAP_POINTS[s.mode]
+    recipe_cmd = Command(
+        "map-points.recipe",
+        s.tiny_llm(
+            "resolve",
+            "--config",
+            size,
+            *s.runtime_sets(compile_=False),
+            *sets("model.vocab_size=32000", f"runtime.memory_limit_mb={cap}"),
+        ),  # fmt: skip
+        s.on(5, 60),
+    )
+    recipe = s.out / "logs" / "map-points.recipe.stdout.log"  # resolve prints the recipe
+    protocol = ["--data-mode", "synthetic", "--warmup", "2", "--steps", s.on("3", "1"), "--windows", "1"]
+    outputs = {micro: s.work / f"map-point-m{micro}.json" for micro in (fits, too_big)}
+    cmds = [recipe_cmd] + [
+        Command(
+            f"map-points.m{micro}",
+            s.tiny_llm(
+                "throughput",
+                "point",
+                "--recipe",
+                str(recipe),
+                "--context",
+                str(context),
+                "--micro",
+                str(micro),
+                *protocol,
+                "--timeout-seconds",
+                str(s.on(14, 300)),
+                "--output",
+                str(output),
+            ),  # fmt: skip
+            s.on(15, 300),  # estimate: a process start and a few eager 20m updates; not measured yet
+        )
+        for micro, output in outputs.items()
+    ]
+    return Step(
+        "map-points",
+        f"throughput-map points of {size} at {context} tokens under runtime.memory_limit_mb {cap}: "
+        f"micro {fits} fits, micro {too_big} is a real out-of-memory",
+        cmds,
+        partial(check_map_points, s, outputs, (fits, too_big)),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_map_points(
+    s: Setup, outputs: dict[int, Path], micros: tuple[int, int], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    points = {micro: read_json(path) or {} for micro, path in outputs.items()}
+    for micro, point in points.items():
+        write_json(s.out / f"map-point-m{micro}.json", point)
+    fits, too_big = (points[m] for m in micros)
+    ok = fits.get("status") == "ok" and bool(fits.get("tokens_per_second"))
+    ok = ok and too_big.get("status") == "memory_limit"
+    out: dict[str, Any] = {
+        "status": "ok" if ok else "failed",
+        "points": points,
+        "tokens_per_second": fits.get("tokens_per_second"),
+        "peak_memory_bytes": fits.get("peak_memory_bytes"),
+        "detail": (
+            f"micro {micros[0]}: {fits.get('status')} ({fmt_int(fits.get('tokens_per_second'))} tok/s); "
+            f"micro {micros[1]}: {too_big.get('status')} ({str(too_big.get('error'))[:80]})"
+        ),
+    }
+    if not ok:
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = "; ".join(errors) or f"points: {fits.get('status')}, {too_big.get('status')}"
+    return out
+
+
+# --- workflow
+
+
 def workflow(s: Setup) -> Step:
     """The short workflow rehearsal (benchmarks/gpu_workflow.py): tuning to selected.yaml, campaign stage 1
     with 2 seeds, SIGTERM to the controller, the rerun. Its own timeout; it writes its JSON before it."""
@@ -895,6 +854,72 @@ def rehearsal_state(row: dict[str, Any]) -> str:
     return "ok" if row.get("ok", row.get("returncode") == 0) else "FAILED"
 
 
+# --- bench-20m, bench-90m (bench-50m: --only)
+
+BENCH_SECONDS = {"20m": 40, "50m": 42, "90m": 50}  # H200 (30 Nov 2026): 35.8, 37.4, 46.2 s
+
+
+def bench(s: Setup, size: str) -> Step:
+    """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
+    output = s.work / f"bench-{size}.worker.json"
+    argv = s.synthetic_worker(size, output, compile_=True, extra=[])
+    return Step(
+        f"bench-{size}",
+        f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
+        [Command(f"bench-{size}", argv, s.on(BENCH_SECONDS[size], 300))],
+        partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
+        min_seconds=s.on(60, 20),
+    )
+
+
+def check_bench(s: Setup, output: Path, reference: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    out = worker_record(s, output, results[0])
+    out["reference"] = f"GH200 {reference:,} tok/s"
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / reference
+    return out
+
+
+def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
+    data = read_json(output)
+    if data is None:
+        return {
+            "status": "timeout" if result.get("timed_out") else "failed",
+            "error": result.get("error") or "no worker JSON written",
+            "tokens_per_second": None,
+            "peak_memory_bytes": None,
+            "mfu": None,
+            "attention_kernel": "n/a",
+        }
+    copy = s.out / f"{output.stem}.json"
+    write_json(copy, data)
+    rec = {
+        "status": data.get("status"),
+        "worker_json": str(copy),
+        "tokens_per_second": data.get("tokens_per_second"),
+        "seconds_per_step": data.get("seconds_per_step"),
+        "peak_memory_bytes": data.get("peak_memory_bytes"),
+        "mfu": data.get("mfu"),
+        "peak_flops_per_second": data.get("peak_flops_per_second"),
+        "peak_source": data.get("peak_source"),
+        "flops_per_token": data.get("flops_per_token"),
+        "attention_kernel": short_kernels(data.get("attention_kernels")),
+        "attention_kernels": data.get("attention_kernels"),
+        "first_update_seconds": data.get("first_update_seconds"),
+        "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
+    }
+    if data.get("error"):
+        rec["error"] = str(data["error"])
+    if rec["first_update_seconds"] is not None:
+        rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
+        if rec["peak_source"]:
+            rec["detail"] += f"; MFU peak: {rec['peak_source']}"
+    return rec
+
+
+# --- peers
+
 # The peers at 20m, the reference shape (32,768-token updates, micro 32): the library against transformers
 # compiled (goal >= 1.3x); the CPU smoke compares transformers eager at the tiny shape. All four peers:
 # benchmarks/peers.py without --peers.
@@ -953,6 +978,9 @@ def check_peers(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     if errors:
         out["error"] = "; ".join(errors)
     return out
+
+
+# --- packed-n4 (--only)
 
 
 def packed_n4(s: Setup) -> Step:
@@ -1054,6 +1082,9 @@ def packed_mfu(s: Setup, tokens_per_second: float | None) -> dict[str, Any]:
         mfu = tokens_per_second * b20["flops_per_token"] / b20["peak_flops_per_second"]
         return {"mfu": mfu, "mfu_source": "FLOPs/token and peak of the bench-20m worker"}
     return {"mfu": None}
+
+
+# --- train-resume (--only)
 
 
 def train_resume(s: Setup) -> Step:
@@ -1179,6 +1210,9 @@ def check_train_resume(
     return out
 
 
+# --- compile-mode (--only)
+
+
 def compile_mode(s: Setup) -> Step:
     """Two 13-update compiled trains with 4 microbatches per update, compile_mode default and reduce-overhead,
     same seed: per-update loss and grad norm must agree."""
@@ -1256,6 +1290,9 @@ def check_compile_mode(s: Setup, dirs: dict[str, Path], results: list[dict[str, 
     return out
 
 
+# --- kernel-<backend>[-compiled] (--only)
+
+
 def kernel(s: Setup, backend: str, compiled: bool) -> Step:
     """benchmark-worker 20m with runtime.sdpa_backend forced: the kernel of the profiled update must be the
     forced one, or the run must fail with a one-line error (unsupported)."""
@@ -1295,7 +1332,7 @@ def check_kernel(s: Setup, output: Path, backend: str, results: list[dict[str, A
     return out
 
 
-# ----------------------------------------------------------------------------- running commands
+# ----------------------------------------------------------------------------- what the steps share
 
 
 def short_kernels(kernels: list[str] | None) -> str:
