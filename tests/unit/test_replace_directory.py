@@ -14,7 +14,7 @@ from tiny_llm.errors import ConfigError
 from tiny_llm.output_dirs import OUTPUT_MARKER, replacing_directory
 
 
-def earlier_output(path: Path) -> dict[str, bytes]:
+def output_of_ours(path: Path) -> dict[str, bytes]:
     path.mkdir()
     (path / OUTPUT_MARKER).write_text("written by tiny-llm\n")
     (path / "model.safetensors").write_bytes(b"weights")
@@ -25,7 +25,7 @@ def earlier_output(path: Path) -> dict[str, bytes]:
 def test_the_working_directory_is_refused_and_nothing_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool
 ) -> None:
-    before = earlier_output(tmp_path / "out")
+    before = output_of_ours(tmp_path / "out")
     monkeypatch.chdir(tmp_path / "out")
     for target in (".", "./", str(tmp_path / "out"), "..", str(tmp_path)):
         with pytest.raises(ConfigError) as err, replacing_directory(target, force=True, marked=marked):
@@ -39,7 +39,7 @@ def test_the_working_directory_is_refused_and_nothing_is_left(
 
 
 def test_a_mount_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = earlier_output(tmp_path / "mnt")
+    before = output_of_ours(tmp_path / "mnt")
     monkeypatch.setattr(output_dirs.os.path, "ismount", lambda path: Path(path) == tmp_path / "mnt")
     with pytest.raises(ConfigError) as err, replacing_directory(tmp_path / "mnt", force=True):
         pytest.fail("nothing may be written")
@@ -51,7 +51,7 @@ def test_a_mount_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_swap_that_fails_leaves_no_old_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = earlier_output(tmp_path / "out")
+    before = output_of_ours(tmp_path / "out")
     real_replace = os.replace
 
     def busy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
