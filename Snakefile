@@ -15,6 +15,7 @@ from tiny_llm.pipeline.controller import (
     interrupt_on_sigterm,
     record_failed_jobs,
     unbuilt_line,
+    where_to_look,
 )
 from tiny_llm.pipeline.schema import refuse_long_integers, refuse_templates
 from tiny_llm.pipeline.timing import closing_time_lines
@@ -176,9 +177,9 @@ onsuccess:
     # exit 0 means built: a run that left a target's file unbuilt says so and fails (rules/common.smk)
     if unbuilt := unbuilt_targets():
         sys.exit(f"\n{unbuilt_line(unbuilt)}")
-    if PLAN.where_to_look():
+    if where_to_look(PLAN):
         print("\nResults (the full table is in README.md, 'What the demo does'):")
-        print("\n".join(PLAN.where_to_look()))
+        print("\n".join(where_to_look(PLAN)))
         print("HTML report with every table and plot: snakemake --report report.html")
     if PLAN.throughput.unmeasured_lines():  # a failed point is a result, not a failed job: say so here
         print("\n" + "\n".join(PLAN.throughput.unmeasured_lines()))

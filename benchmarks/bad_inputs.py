@@ -323,7 +323,7 @@ CASES = [
         "`training.checkpoint_epochs=[0, 0]`",
         describe_set("training.checkpoint_epochs=[0, 0]"),
     ),
-    Case("muon-key", "`optimizer.muon_lr=0.01` under adamw", describe_set("optimizer.muon_lr=0.01")),
+    Case("muon-key", "`optimizer.muon.lr=0.01` under adamw", describe_set("optimizer.muon.lr=0.01")),
     Case("graph-cpu", "`runtime.cuda_graph=true` on a CPU recipe", describe_set("runtime.cuda_graph=true")),
     Case("ranks", "`runtime.num_gpus=3` (2 microbatches)", describe_set("runtime.num_gpus=3")),
     # ---------------------------------------------------------------- recipe files

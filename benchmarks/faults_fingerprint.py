@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import read_json
-from tiny_llm.train.metrics import TIMING_FIELDS
+from tiny_llm.train.rows import TIMING_FIELDS
 
 
 def _strip(value: Any) -> Any:

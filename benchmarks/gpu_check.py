@@ -15,12 +15,13 @@ in the workflow.
     python benchmarks/gpu_check.py run --mode gpu --dry-run                       # print the commands only
 
 ``steps()`` lists the default steps in the order of the table in benchmarks/README.md, ``more_steps()`` the
-ones only ``--only`` runs; each step is its commands and a ``check`` that turns their outputs into the step's
-record (and a ``compare`` that adds figures of steps run after it, at the end). Every step writes
-``<out>/<step>.json`` and its commands' stdout/stderr under ``<out>/logs/``; ``summary.json`` collects them.
-Each command has its own timeout (a step's budget is the sum of its commands'), clipped to a global deadline;
-a step that cannot start before the deadline is recorded as ``skipped_budget``. A failed step never stops the
-next. ``--dry-run`` prints every step with its budget and the sum.
+ones only ``--only`` runs, and the steps follow in that order below; each step is its commands and a
+``check`` that turns their outputs into the step's record (and a ``compare`` that adds figures of steps run
+after it, at the end). ``gpu_check_runner.py`` runs them: every step writes ``<out>/<step>.json`` and its
+commands' stdout/stderr under ``<out>/logs/``; ``summary.json`` collects them. Each command has its own
+timeout (a step's budget is the sum of its commands'), clipped to a global deadline; a step that cannot start
+before the deadline is recorded as ``skipped_budget``. A failed step never stops the next. ``--dry-run``
+prints every step with its budget and the sum. The reference's figures are ``reference.py``'s.
 """
 
 from __future__ import annotations
@@ -30,20 +31,33 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-GIB = 1024**3
+from gpu_check_runner import (
+    GIB,
+    Command,
+    Runner,
+    Step,
+    budget_lines,
+    fmt,
+    fmt_int,
+    format_line,
+    last_error_line,
+    read_json,
+    read_jsonl,
+    write_json,
+)
+from reference import REFERENCE_PACKED_N4, REFERENCE_PACKED_SPEEDUP_N4, REFERENCE_TOKENS_PER_SECOND
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET = 540.0  # seconds from the start, the probes included (gpu_check.sh --budget)
 
@@ -56,10 +70,6 @@ def torch_pin() -> str | None:
     return None
 
 
-# Reference GH200 figures (SPEC §5 and §7): 32,768-token updates, compiled, micro 32, bf16, synthetic data.
-REFERENCE_TOKENS_PER_SECOND = {"20m": 1_636_281, "50m": 871_826, "90m": 508_930}
-REFERENCE_PACKED_SPEEDUP_N4 = 1.51
-REFERENCE_PACKED_N4 = {"sequential": 692_000, "packed": 1_040_000}  # tok/s, rounded in the reference
 SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
 # Substring of the aten op each forced kernel dispatches (as recorded by the worker's profiled update).
 KERNEL_OP = {
@@ -86,39 +96,7 @@ RUN_FILES = (
 )
 
 
-# ----------------------------------------------------------------------------- commands and steps
-
-
-@dataclass
-class Command:
-    name: str  # log file stem
-    argv: list[str]
-    timeout: float
-    # Called with the Popen object after start; may send a signal (the SIGTERM test). Returns a note or None.
-    during: Callable[[subprocess.Popen, float], str | None] | None = None
-    expect_rc: tuple[int, ...] = (0,)
-
-
-Check = Callable[[list[dict[str, Any]]], dict[str, Any]]
-"""The commands' results (in order) -> the step's record fields (status, figures, detail, error)."""
-
-
-@dataclass
-class Step:
-    name: str
-    what: str
-    commands: list[Command]
-    check: Check
-    min_seconds: float = 30.0  # don't start with less than this left before the deadline
-    describe_during: str | None = None  # dry-run note for `during`
-    # Called once every step has run: fields that need a later step's record (bench-20m runs after the
-    # train and the CUDA graph it is compared with).
-    compare: Callable[[], dict[str, Any]] | None = None
-
-    @property
-    def budget(self) -> float:
-        """The step's time budget: its commands' timeouts added up."""
-        return sum(c.timeout for c in self.commands)
+# ----------------------------------------------------------------------------- what every step is given
 
 
 @dataclass
@@ -260,6 +238,8 @@ def more_steps(s: Setup) -> list[Step]:
     ]
 
 
+# --- env
+
 ENV_PROBE = (
     "import json, torch; c = torch.cuda.is_available(); "
     "p = torch.cuda.get_device_properties(0) if c else None; "
@@ -304,106 +284,7 @@ def check_env(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**out, "torch_pin": pin, "torch_matches_pin": matches}
 
 
-def data(s: Setup) -> Step:
-    """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
-    cmds = [
-        Command(
-            "data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus), "--force"), s.on(5, 120)
-        ),
-        Command(
-            "data.tokenizer",
-            s.tiny_llm(
-                "train-tokenizer",
-                "--input",
-                str(s.corpus),
-                "--vocab-size",
-                str(TOKENIZER_VOCAB),
-                "--output",
-                str(s.tokenizer),
-            ),
-            s.on(7, 180),  # H200: 6.0 s
-        ),
-        Command(
-            "data.prepare",
-            s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"),
-            s.on(8, 180),  # H200: 6.1 s
-        ),
-    ]
-    what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
-    return Step("data", what, cmds, partial(check_data, s), min_seconds=20)
-
-
-def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
-    manifest = read_json(s.cache / "manifest.json") or {}
-    splits = manifest.get("splits", {})
-    ok = all(r.get("rc") == 0 for r in results) and bool(splits)
-    detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
-    out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
-    if not ok:
-        out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
-    return out
-
-
-BENCH_SECONDS = {"20m": 40, "50m": 42, "90m": 50}  # H200 (30 Nov 2026): 35.8, 37.4, 46.2 s
-
-
-def bench(s: Setup, size: str) -> Step:
-    """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
-    output = s.work / f"bench-{size}.worker.json"
-    argv = s.synthetic_worker(size, output, compile_=True, extra=[])
-    return Step(
-        f"bench-{size}",
-        f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
-        [Command(f"bench-{size}", argv, s.on(BENCH_SECONDS[size], 300))],
-        partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
-        min_seconds=s.on(60, 20),
-    )
-
-
-def check_bench(s: Setup, output: Path, reference: int, results: list[dict[str, Any]]) -> dict[str, Any]:
-    out = worker_record(s, output, results[0])
-    out["reference"] = f"GH200 {reference:,} tok/s"
-    if out.get("tokens_per_second"):
-        out["ratio_to_reference"] = out["tokens_per_second"] / reference
-    return out
-
-
-def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, Any]:
-    """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
-    data = read_json(output)
-    if data is None:
-        return {
-            "status": "timeout" if result.get("timed_out") else "failed",
-            "error": result.get("error") or "no worker JSON written",
-            "tokens_per_second": None,
-            "peak_memory_bytes": None,
-            "mfu": None,
-            "attention_kernel": "n/a",
-        }
-    copy = s.out / f"{output.stem}.json"
-    write_json(copy, data)
-    rec = {
-        "status": data.get("status"),
-        "worker_json": str(copy),
-        "tokens_per_second": data.get("tokens_per_second"),
-        "seconds_per_step": data.get("seconds_per_step"),
-        "peak_memory_bytes": data.get("peak_memory_bytes"),
-        "mfu": data.get("mfu"),
-        "peak_flops_per_second": data.get("peak_flops_per_second"),
-        "peak_source": data.get("peak_source"),
-        "flops_per_token": data.get("flops_per_token"),
-        "attention_kernel": short_kernels(data.get("attention_kernels")),
-        "attention_kernels": data.get("attention_kernels"),
-        "first_update_seconds": data.get("first_update_seconds"),
-        "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
-    }
-    if data.get("error"):
-        rec["error"] = str(data["error"])
-    if rec["first_update_seconds"] is not None:
-        rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
-        if rec["peak_source"]:
-            rec["detail"] += f"; MFU peak: {rec['peak_source']}"
-    return rec
+# --- pytest-cuda
 
 
 def pytest_cuda(s: Setup) -> Step:
@@ -518,204 +399,50 @@ def graph_correctness(s: Setup) -> dict[str, Any]:
     return {"verdict": verdict, "source": "pytest-cuda", "tests": graph}
 
 
-def cuda_graph(s: Setup) -> Step:
-    """Correctness first, then speed: the graph tests' outcomes from the pytest-cuda step, then
-    benchmark-worker 20m as bench-20m plus runtime.cuda_graph (the whole update replayed as one CUDA graph):
-    tokens/s with the graph, against bench-20m's without it once that has run. The CPU smoke checks its
-    one-line refusal."""
-    output = s.work / "cuda-graph-20m.worker.json"
-    argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
-    # H200 estimate: bench-20m took 35.8 s (a capture and 3 eager updates more here); not measured yet
-    command = Command("cuda-graph-20m", argv, s.on(40, 120), expect_rc=s.on((0,), (2,)))
-    return Step(
-        "cuda-graph-20m",
-        "the pytest-cuda graph tests, then benchmark-worker 20m as bench-20m with the whole update as one "
-        "CUDA graph (runtime.cuda_graph)",
-        [command],
-        partial(check_cuda_graph, s, output),
-        min_seconds=s.on(30, 10),
-        compare=partial(compare_cuda_graph, s),
-    )
+# --- data
 
 
-CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
-
-
-def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    correctness = graph_correctness(s)
-    if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
-        line = last_error_line(Path(results[0]["stderr_log"])) or ""
-        refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
-        out = {"status": "ok" if refused else "failed", "correctness": correctness}
-        out["detail"] = f"graph tests {correctness['verdict']}; refused on the CPU: {line}"
-        if not refused:
-            out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
-        return out
-    out = worker_record(s, output, results[0])
-    out["correctness"] = correctness
-    out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
-    if out.get("tokens_per_second"):
-        out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
-    out["detail"] = f"graph tests {correctness['verdict']}; " + out.get("detail", "")
-    if correctness["verdict"] == "failed":
-        out["status"] = "failed"
-        out["error"] = f"CUDA-graph tests failed in pytest-cuda: {sorted(correctness['tests'].items())}"
-    return out
-
-
-def compare_cuda_graph(s: Setup) -> dict[str, Any]:
-    """Tokens/s with the graph against bench-20m's (the same settings without it), once bench-20m has run."""
-    record, without = (
-        s.records.get("cuda-graph-20m", {}),
-        s.records.get("bench-20m", {}).get("tokens_per_second"),
-    )
-    if not (record.get("tokens_per_second") and without):
-        return {}
-    speedup = record["tokens_per_second"] / without
-    detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
-    return {"speedup_over_no_graph": speedup, "detail": detail}
-
-
-def muon(s: Setup) -> Step:
-    """Muon on the device: a short `train` of the tiny shape under optimizer.name muon on the check's cache
-    (the batched Newton-Schulz step, its device-side non-finite skip, a loss that falls), then Muon's
-    optimizer step against AdamW's at the 20m shape (benchmarks/optimizer_cost.py, eager: the optimizer
-    does not depend on compile)."""
-    run_dir = s.work / "muon-train"
-    recipe = s.train_recipe(run_dir, compile_=False, extra=["optimizer.name=muon", *TRAIN_TINY_SETS])
-    cost = [s.py, str(REPO / "benchmarks" / "optimizer_cost.py"), "--device", s.on("cuda", "cpu")]
-    cost += ["--shapes", s.on("20m", "tiny"), "--threads", s.on("8", "2"), "--set", "runtime.compile=false"]
+def data(s: Setup) -> Step:
+    """The embedded demo corpus (the workflow's offline corpus), a 512-token BPE, a 400k-token cache."""
     cmds = [
-        # estimates from the CPU smoke's and the H200's process starts (~4 s); not measured on a GPU yet
-        Command("muon.train", s.tiny_llm("train", *recipe, "--quiet"), s.on(15, 300)),
-        Command("muon.optimizer-cost", cost, s.on(20, 600)),
-    ]
-    return Step(
-        "muon",
-        "a short Muon train (tiny shape), then the optimizer step of Muon against AdamW at 20m "
-        "(benchmarks/optimizer_cost.py)",
-        cmds,
-        partial(check_muon, s, run_dir),
-        min_seconds=s.on(20, 20),
-    )
-
-
-def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
-    status_json = read_json(run_dir / "status.json") or {}
-    copy_run_files(run_dir, s.out / "muon-train")
-    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
-    cost: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
-        cost = json.loads(Path(results[1]["stdout_log"]).read_text())["cases"]
-    shape = next(iter(cost.values()), {})
-    ratio = (shape.get("muon_over_adamw") or {}).get("optimizer_ms")
-    trained = status_json.get("status") == "complete" and len(losses) > 1 and losses[-1] < losses[0]
-    out: dict[str, Any] = {
-        "run_status": status_json.get("status"),
-        "train_losses": losses,
-        "optimizer_cost": cost,
-        "muon_over_adamw_optimizer": ratio,
-        "muon_optimizer_ms": (shape.get("muon") or {}).get("optimizer_ms"),
-        "adamw_optimizer_ms": (shape.get("adamw") or {}).get("optimizer_ms"),
-    }
-    out["status"] = "ok" if trained and ratio else "failed"
-    if out["status"] != "ok":
-        errors = [r.get("error") for r in results if r.get("error")]
-        out["error"] = (
-            "; ".join(errors) or f"run {status_json.get('status')}, losses {losses[:1]}..{losses[-1:]}"
-        )
-    first, last = (losses[0], losses[-1]) if losses else (None, None)
-    muon_ms, adamw_ms = out["muon_optimizer_ms"], out["adamw_optimizer_ms"]
-    out["detail"] = (
-        f"train {status_json.get('status')} (loss {fmt(first, '.3f')} -> {fmt(last, '.3f')}); optimizer step "
-        f"Muon {fmt(muon_ms, '.1f')} ms vs AdamW {fmt(adamw_ms, '.1f')} ms ({fmt(ratio, '.1f')}x)"
-    )
-    return out
-
-
-# A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
-# that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
-# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
-# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
-# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
-MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
-
-
-def map_points(s: Setup) -> Step:
-    """Two points of the throughput map (`throughput point`, each its own benchmark-worker process) under a
-    memory cap: one that fits, one a real out-of-memory of the CUDA caching allocator (status memory_limit);
-    runtime.memory_limit_mb on the device too. The recipe is `resolve`'s output."""
-    size, context, cap, fits, too_big = MAP_POINTS[s.mode]
-    recipe_cmd = Command(
-        "map-points.recipe",
-        s.tiny_llm(
-            "resolve",
-            "--config",
-            size,
-            *s.runtime_sets(compile_=False),
-            *sets("model.vocab_size=32000", f"runtime.memory_limit_mb={cap}"),
-        ),  # fmt: skip
-        s.on(5, 60),
-    )
-    recipe = s.out / "logs" / "map-points.recipe.stdout.log"  # resolve prints the recipe
-    protocol = ["--data-mode", "synthetic", "--warmup", "2", "--steps", s.on("3", "1"), "--windows", "1"]
-    outputs = {micro: s.work / f"map-point-m{micro}.json" for micro in (fits, too_big)}
-    cmds = [recipe_cmd] + [
         Command(
-            f"map-points.m{micro}",
-            s.tiny_llm(
-                "throughput",
-                "point",
-                "--recipe",
-                str(recipe),
-                "--context",
-                str(context),
-                "--micro",
-                str(micro),
-                *protocol,
-                "--timeout-seconds",
-                str(s.on(14, 300)),
-                "--output",
-                str(output),
-            ),  # fmt: skip
-            s.on(15, 300),  # estimate: a process start and a few eager 20m updates; not measured yet
-        )
-        for micro, output in outputs.items()
-    ]
-    return Step(
-        "map-points",
-        f"throughput-map points of {size} at {context} tokens under runtime.memory_limit_mb {cap}: "
-        f"micro {fits} fits, micro {too_big} is a real out-of-memory",
-        cmds,
-        partial(check_map_points, s, outputs, (fits, too_big)),
-        min_seconds=s.on(20, 20),
-    )
-
-
-def check_map_points(
-    s: Setup, outputs: dict[int, Path], micros: tuple[int, int], results: list[dict[str, Any]]
-) -> dict[str, Any]:
-    points = {micro: read_json(path) or {} for micro, path in outputs.items()}
-    for micro, point in points.items():
-        write_json(s.out / f"map-point-m{micro}.json", point)
-    fits, too_big = (points[m] for m in micros)
-    ok = fits.get("status") == "ok" and bool(fits.get("tokens_per_second"))
-    ok = ok and too_big.get("status") == "memory_limit"
-    out: dict[str, Any] = {
-        "status": "ok" if ok else "failed",
-        "points": points,
-        "tokens_per_second": fits.get("tokens_per_second"),
-        "peak_memory_bytes": fits.get("peak_memory_bytes"),
-        "detail": (
-            f"micro {micros[0]}: {fits.get('status')} ({fmt_int(fits.get('tokens_per_second'))} tok/s); "
-            f"micro {micros[1]}: {too_big.get('status')} ({str(too_big.get('error'))[:80]})"
+            "data.corpus", s.tiny_llm("build-demo-corpus", "--output", str(s.corpus), "--force"), s.on(5, 120)
         ),
-    }
+        Command(
+            "data.tokenizer",
+            s.tiny_llm(
+                "train-tokenizer",
+                "--input",
+                str(s.corpus),
+                "--vocab-size",
+                str(TOKENIZER_VOCAB),
+                "--output",
+                str(s.tokenizer),
+            ),
+            s.on(7, 180),  # H200: 6.0 s
+        ),
+        Command(
+            "data.prepare",
+            s.tiny_llm("prepare", "--config", "tiny", *s.data_sets(), "--no-progress"),
+            s.on(8, 180),  # H200: 6.1 s
+        ),
+    ]
+    what = "the embedded demo corpus (build-demo-corpus), 512-token BPE, token cache"
+    return Step("data", what, cmds, partial(check_data, s), min_seconds=20)
+
+
+def check_data(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
+    manifest = read_json(s.cache / "manifest.json") or {}
+    splits = manifest.get("splits", {})
+    ok = all(r.get("rc") == 0 for r in results) and bool(splits)
+    detail = ", ".join(f"{k} {v.get('tokens', 0):,} tokens" for k, v in splits.items())
+    out = {"status": "ok" if ok else "failed", "detail": f"cache: {detail or 'missing'}"}
     if not ok:
-        errors = [r.get("error") for r in results if r.get("error")]
-        out["error"] = "; ".join(errors) or f"points: {fits.get('status')}, {too_big.get('status')}"
+        out["error"] = next((r.get("error") for r in results if r.get("error")), "no manifest")
     return out
 
+
+# --- train-20m
 
 # The 20m train: the preset's recipe (131,072-token updates, micro 128, compiled update and evaluation,
 # fused AdamW without a host read per update, bf16), on the check's 512-token cache: vocabulary 512 and the
@@ -857,6 +584,216 @@ def compare_train_20m(s: Setup) -> dict[str, Any]:
     return out
 
 
+# --- cuda-graph-20m
+
+
+def cuda_graph(s: Setup) -> Step:
+    """Correctness first, then speed: the graph tests' outcomes from the pytest-cuda step, then
+    benchmark-worker 20m as bench-20m plus runtime.cuda_graph (the whole update replayed as one CUDA graph):
+    tokens/s with the graph, against bench-20m's without it once that has run. The CPU smoke checks its
+    one-line refusal."""
+    output = s.work / "cuda-graph-20m.worker.json"
+    argv = s.synthetic_worker("20m", output, compile_=True, extra=sets("runtime.cuda_graph=true"))
+    # H200 estimate: bench-20m took 35.8 s (a capture and 3 eager updates more here); not measured yet
+    command = Command("cuda-graph-20m", argv, s.on(40, 120), expect_rc=s.on((0,), (2,)))
+    return Step(
+        "cuda-graph-20m",
+        "the pytest-cuda graph tests, then benchmark-worker 20m as bench-20m with the whole update as one "
+        "CUDA graph (runtime.cuda_graph)",
+        [command],
+        partial(check_cuda_graph, s, output),
+        min_seconds=s.on(30, 10),
+        compare=partial(compare_cuda_graph, s),
+    )
+
+
+CUDA_GRAPH_REFUSAL = "runtime.cuda_graph: needs a CUDA device"
+
+
+def check_cuda_graph(s: Setup, output: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    correctness = graph_correctness(s)
+    if not s.gpu:  # the recipe names the CPU: refused at validation, exit 2, one line
+        line = last_error_line(Path(results[0]["stderr_log"])) or ""
+        refused = results[0].get("rc") == 2 and CUDA_GRAPH_REFUSAL in line
+        out = {"status": "ok" if refused else "failed", "correctness": correctness}
+        out["detail"] = f"graph tests {correctness['verdict']}; refused on the CPU: {line}"
+        if not refused:
+            out["error"] = f"expected exit 2 with '{CUDA_GRAPH_REFUSAL}', got {results[0].get('rc')}: {line}"
+        return out
+    out = worker_record(s, output, results[0])
+    out["correctness"] = correctness
+    out["reference"] = f"GH200 {REFERENCE_TOKENS_PER_SECOND['20m']:,} tok/s"
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / REFERENCE_TOKENS_PER_SECOND["20m"]
+    out["detail"] = f"graph tests {correctness['verdict']}; " + out.get("detail", "")
+    if correctness["verdict"] == "failed":
+        out["status"] = "failed"
+        out["error"] = f"CUDA-graph tests failed in pytest-cuda: {sorted(correctness['tests'].items())}"
+    return out
+
+
+def compare_cuda_graph(s: Setup) -> dict[str, Any]:
+    """Tokens/s with the graph against bench-20m's (the same settings without it), once bench-20m has run."""
+    record, without = (
+        s.records.get("cuda-graph-20m", {}),
+        s.records.get("bench-20m", {}).get("tokens_per_second"),
+    )
+    if not (record.get("tokens_per_second") and without):
+        return {}
+    speedup = record["tokens_per_second"] / without
+    detail = f"{record.get('detail', '')}; {speedup:.3f}x bench-20m ({fmt_int(without)} tok/s)"
+    return {"speedup_over_no_graph": speedup, "detail": detail}
+
+
+# --- muon
+
+
+def muon(s: Setup) -> Step:
+    """Muon on the device: a short `train` of the tiny shape under optimizer.name muon on the check's cache
+    (the batched Newton-Schulz step, its device-side non-finite skip, a loss that falls), then Muon's
+    optimizer step against AdamW's at the 20m shape (benchmarks/optimizer_cost.py, eager: the optimizer
+    does not depend on compile)."""
+    run_dir = s.work / "muon-train"
+    recipe = s.train_recipe(run_dir, compile_=False, extra=["optimizer.name=muon", *TRAIN_TINY_SETS])
+    cost = [s.py, str(REPO / "benchmarks" / "optimizer_cost.py"), "--device", s.on("cuda", "cpu")]
+    cost += ["--shapes", s.on("20m", "tiny"), "--threads", s.on("8", "2"), "--set", "runtime.compile=false"]
+    cmds = [
+        # estimates from the CPU smoke's and the H200's process starts (~4 s); not measured on a GPU yet
+        Command("muon.train", s.tiny_llm("train", *recipe, "--quiet"), s.on(15, 300)),
+        Command("muon.optimizer-cost", cost, s.on(20, 600)),
+    ]
+    return Step(
+        "muon",
+        "a short Muon train (tiny shape), then the optimizer step of Muon against AdamW at 20m "
+        "(benchmarks/optimizer_cost.py)",
+        cmds,
+        partial(check_muon, s, run_dir),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_muon(s: Setup, run_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    status_json = read_json(run_dir / "status.json") or {}
+    copy_run_files(run_dir, s.out / "muon-train")
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "train"]
+    cost: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        cost = json.loads(Path(results[1]["stdout_log"]).read_text())["cases"]
+    shape = next(iter(cost.values()), {})
+    ratio = (shape.get("muon_over_adamw") or {}).get("optimizer_ms")
+    trained = status_json.get("status") == "complete" and len(losses) > 1 and losses[-1] < losses[0]
+    out: dict[str, Any] = {
+        "run_status": status_json.get("status"),
+        "train_losses": losses,
+        "optimizer_cost": cost,
+        "muon_over_adamw_optimizer": ratio,
+        "muon_optimizer_ms": (shape.get("muon") or {}).get("optimizer_ms"),
+        "adamw_optimizer_ms": (shape.get("adamw") or {}).get("optimizer_ms"),
+    }
+    out["status"] = "ok" if trained and ratio else "failed"
+    if out["status"] != "ok":
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = (
+            "; ".join(errors) or f"run {status_json.get('status')}, losses {losses[:1]}..{losses[-1:]}"
+        )
+    first, last = (losses[0], losses[-1]) if losses else (None, None)
+    muon_ms, adamw_ms = out["muon_optimizer_ms"], out["adamw_optimizer_ms"]
+    out["detail"] = (
+        f"train {status_json.get('status')} (loss {fmt(first, '.3f')} -> {fmt(last, '.3f')}); optimizer step "
+        f"Muon {fmt(muon_ms, '.1f')} ms vs AdamW {fmt(adamw_ms, '.1f')} ms ({fmt(ratio, '.1f')}x)"
+    )
+    return out
+
+
+# --- map-points
+
+# A throughput-map point pair under runtime.memory_limit_mb: (size, context, cap MiB, micro that fits, micro
+# that does not). GPU: 20m eager at 1,024 tokens (the H200's eager micro-32 update peaked at 16.6 GiB, so
+# about 0.5 GiB a sequence: micro 2 ~1.1 GiB, a quarter of the cap; micro 32 four times the cap). CPU
+# smoke: tiny at vocabulary 32,000 (micro 1 used 95 MiB beyond the built engine, its Adam moments and fresh
+# mappings included; micro 16's logits alone are 131 MB, and their gradient as much again).
+MAP_POINTS = {"gpu": ("20m", 1024, 4096, 2, 32), "cpu-smoke": ("tiny", 64, 256, 1, 16)}
+
+
+def map_points(s: Setup) -> Step:
+    """Two points of the throughput map (`throughput point`, each its own benchmark-worker process) under a
+    memory cap: one that fits, one a real out-of-memory of the CUDA caching allocator (status memory_limit);
+    runtime.memory_limit_mb on the device too. The recipe is `resolve`'s output."""
+    size, context, cap, fits, too_big = MAP_POINTS[s.mode]
+    recipe_cmd = Command(
+        "map-points.recipe",
+        s.tiny_llm(
+            "resolve",
+            "--config",
+            size,
+            *s.runtime_sets(compile_=False),
+            *sets("model.vocab_size=32000", f"runtime.memory_limit_mb={cap}"),
+        ),  # fmt: skip
+        s.on(5, 60),
+    )
+    recipe = s.out / "logs" / "map-points.recipe.stdout.log"  # resolve prints the recipe
+    protocol = ["--data-mode", "synthetic", "--warmup", "2", "--steps", s.on("3", "1"), "--windows", "1"]
+    outputs = {micro: s.work / f"map-point-m{micro}.json" for micro in (fits, too_big)}
+    cmds = [recipe_cmd] + [
+        Command(
+            f"map-points.m{micro}",
+            s.tiny_llm(
+                "throughput",
+                "point",
+                "--recipe",
+                str(recipe),
+                "--context",
+                str(context),
+                "--micro",
+                str(micro),
+                *protocol,
+                "--timeout-seconds",
+                str(s.on(14, 300)),
+                "--output",
+                str(output),
+            ),  # fmt: skip
+            s.on(15, 300),  # estimate: a process start and a few eager 20m updates; not measured yet
+        )
+        for micro, output in outputs.items()
+    ]
+    return Step(
+        "map-points",
+        f"throughput-map points of {size} at {context} tokens under runtime.memory_limit_mb {cap}: "
+        f"micro {fits} fits, micro {too_big} is a real out-of-memory",
+        cmds,
+        partial(check_map_points, s, outputs, (fits, too_big)),
+        min_seconds=s.on(20, 20),
+    )
+
+
+def check_map_points(
+    s: Setup, outputs: dict[int, Path], micros: tuple[int, int], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    points = {micro: read_json(path) or {} for micro, path in outputs.items()}
+    for micro, point in points.items():
+        write_json(s.out / f"map-point-m{micro}.json", point)
+    fits, too_big = (points[m] for m in micros)
+    ok = fits.get("status") == "ok" and bool(fits.get("tokens_per_second"))
+    ok = ok and too_big.get("status") == "memory_limit"
+    out: dict[str, Any] = {
+        "status": "ok" if ok else "failed",
+        "points": points,
+        "tokens_per_second": fits.get("tokens_per_second"),
+        "peak_memory_bytes": fits.get("peak_memory_bytes"),
+        "detail": (
+            f"micro {micros[0]}: {fits.get('status')} ({fmt_int(fits.get('tokens_per_second'))} tok/s); "
+            f"micro {micros[1]}: {too_big.get('status')} ({str(too_big.get('error'))[:80]})"
+        ),
+    }
+    if not ok:
+        errors = [r.get("error") for r in results if r.get("error")]
+        out["error"] = "; ".join(errors) or f"points: {fits.get('status')}, {too_big.get('status')}"
+    return out
+
+
+# --- workflow
+
+
 def workflow(s: Setup) -> Step:
     """The short workflow rehearsal (benchmarks/gpu_workflow.py): tuning to selected.yaml, campaign stage 1
     with 2 seeds, SIGTERM to the controller, the rerun. Its own timeout; it writes its JSON before it."""
@@ -917,6 +854,72 @@ def rehearsal_state(row: dict[str, Any]) -> str:
     return "ok" if row.get("ok", row.get("returncode") == 0) else "FAILED"
 
 
+# --- bench-20m, bench-90m (bench-50m: --only)
+
+BENCH_SECONDS = {"20m": 40, "50m": 42, "90m": 50}  # H200 (30 Nov 2026): 35.8, 37.4, 46.2 s
+
+
+def bench(s: Setup, size: str) -> Step:
+    """benchmark-worker, synthetic, 32,768-token updates, micro 32, compiled, bf16, SDPA auto."""
+    output = s.work / f"bench-{size}.worker.json"
+    argv = s.synthetic_worker(size, output, compile_=True, extra=[])
+    return Step(
+        f"bench-{size}",
+        f"benchmark-worker {size}, synthetic, 32,768-token updates, compiled, micro 32, bf16",
+        [Command(f"bench-{size}", argv, s.on(BENCH_SECONDS[size], 300))],
+        partial(check_bench, s, output, REFERENCE_TOKENS_PER_SECOND[size]),
+        min_seconds=s.on(60, 20),
+    )
+
+
+def check_bench(s: Setup, output: Path, reference: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+    out = worker_record(s, output, results[0])
+    out["reference"] = f"GH200 {reference:,} tok/s"
+    if out.get("tokens_per_second"):
+        out["ratio_to_reference"] = out["tokens_per_second"] / reference
+    return out
+
+
+def worker_record(s: Setup, output: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a benchmark-worker JSON for the step record (status from the JSON, else the process)."""
+    data = read_json(output)
+    if data is None:
+        return {
+            "status": "timeout" if result.get("timed_out") else "failed",
+            "error": result.get("error") or "no worker JSON written",
+            "tokens_per_second": None,
+            "peak_memory_bytes": None,
+            "mfu": None,
+            "attention_kernel": "n/a",
+        }
+    copy = s.out / f"{output.stem}.json"
+    write_json(copy, data)
+    rec = {
+        "status": data.get("status"),
+        "worker_json": str(copy),
+        "tokens_per_second": data.get("tokens_per_second"),
+        "seconds_per_step": data.get("seconds_per_step"),
+        "peak_memory_bytes": data.get("peak_memory_bytes"),
+        "mfu": data.get("mfu"),
+        "peak_flops_per_second": data.get("peak_flops_per_second"),
+        "peak_source": data.get("peak_source"),
+        "flops_per_token": data.get("flops_per_token"),
+        "attention_kernel": short_kernels(data.get("attention_kernels")),
+        "attention_kernels": data.get("attention_kernels"),
+        "first_update_seconds": data.get("first_update_seconds"),
+        "window_tokens_per_second": [m.get("tokens_per_second") for m in data.get("measurements") or []],
+    }
+    if data.get("error"):
+        rec["error"] = str(data["error"])
+    if rec["first_update_seconds"] is not None:
+        rec["detail"] = f"first update {rec['first_update_seconds']:.1f} s"
+        if rec["peak_source"]:
+            rec["detail"] += f"; MFU peak: {rec['peak_source']}"
+    return rec
+
+
+# --- peers
+
 # The peers at 20m, the reference shape (32,768-token updates, micro 32): the library against transformers
 # compiled (goal >= 1.3x); the CPU smoke compares transformers eager at the tiny shape. All four peers:
 # benchmarks/peers.py without --peers.
@@ -975,6 +978,9 @@ def check_peers(s: Setup, results: list[dict[str, Any]]) -> dict[str, Any]:
     if errors:
         out["error"] = "; ".join(errors)
     return out
+
+
+# --- packed-n4 (--only)
 
 
 def packed_n4(s: Setup) -> Step:
@@ -1076,6 +1082,9 @@ def packed_mfu(s: Setup, tokens_per_second: float | None) -> dict[str, Any]:
         mfu = tokens_per_second * b20["flops_per_token"] / b20["peak_flops_per_second"]
         return {"mfu": mfu, "mfu_source": "FLOPs/token and peak of the bench-20m worker"}
     return {"mfu": None}
+
+
+# --- train-resume (--only)
 
 
 def train_resume(s: Setup) -> Step:
@@ -1201,6 +1210,9 @@ def check_train_resume(
     return out
 
 
+# --- compile-mode (--only)
+
+
 def compile_mode(s: Setup) -> Step:
     """Two 13-update compiled trains with 4 microbatches per update, compile_mode default and reduce-overhead,
     same seed: per-update loss and grad norm must agree."""
@@ -1278,6 +1290,9 @@ def check_compile_mode(s: Setup, dirs: dict[str, Path], results: list[dict[str, 
     return out
 
 
+# --- kernel-<backend>[-compiled] (--only)
+
+
 def kernel(s: Setup, backend: str, compiled: bool) -> Step:
     """benchmark-worker 20m with runtime.sdpa_backend forced: the kernel of the profiled update must be the
     forced one, or the run must fail with a one-line error (unsupported)."""
@@ -1317,158 +1332,7 @@ def check_kernel(s: Setup, output: Path, backend: str, results: list[dict[str, A
     return out
 
 
-# ----------------------------------------------------------------------------- running commands
-
-
-class Runner:
-    def __init__(self, out: Path, deadline: float, dry_run: bool):
-        self.out = out
-        self.logs = out / "logs"
-        self.deadline = deadline
-        self.dry_run = dry_run
-        self.records: list[dict[str, Any]] = []
-        self.started = time.time()
-
-    def left(self) -> float:
-        return self.deadline - time.time()
-
-    def run_command(self, cmd: Command) -> dict[str, Any]:
-        timeout = min(cmd.timeout, max(1.0, self.left()))
-        stdout_path = self.logs / f"{cmd.name}.stdout.log"
-        stderr_path = self.logs / f"{cmd.name}.stderr.log"
-        info: dict[str, Any] = {
-            "name": cmd.name,
-            "argv": cmd.argv,
-            "command": shlex.join(cmd.argv),
-            "timeout_s": round(timeout, 1),
-            "stdout_log": str(stdout_path),
-            "stderr_log": str(stderr_path),
-        }
-        start = time.time()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-            try:
-                proc = subprocess.Popen(cmd.argv, stdout=out, stderr=err, env=env, start_new_session=True)
-            except OSError as exc:
-                info.update(rc=None, seconds=0.0, timed_out=False, error=f"could not start: {exc}")
-                return info
-            note = None
-            timed_out = False
-            try:
-                if cmd.during is not None:
-                    note = cmd.during(proc, start + timeout)
-                proc.wait(timeout=max(0.1, start + timeout - time.time()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                self._stop(proc)
-        info.update(rc=proc.returncode, seconds=round(time.time() - start, 2), timed_out=timed_out)
-        if note:
-            info["note"] = note
-        if timed_out:
-            info["error"] = f"timed out after {timeout:.0f} s"
-        elif proc.returncode not in cmd.expect_rc:
-            info["error"] = last_error_line(stderr_path) or f"exit status {proc.returncode}"
-        return info
-
-    @staticmethod
-    def _stop(proc: subprocess.Popen) -> None:
-        """SIGTERM the command's own process group (it was started in a new session), SIGKILL 5 s later."""
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 3)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def run_step(self, step: Step) -> dict[str, Any]:
-        record: dict[str, Any] = {"step": step.name, "what": step.what}
-        if self.dry_run:
-            print(f"# step {step.name} (budget {step.budget:.0f} s): {step.what}")
-            for cmd in step.commands:
-                print(f"timeout {cmd.timeout:.0f} {shlex.join(cmd.argv)}")
-            if step.describe_during:
-                print(f"#   {step.describe_during}")
-            return record
-        if self.left() < step.min_seconds:
-            record.update(
-                status="skipped_budget", seconds=0.0, error=f"{self.left():.0f} s left before the deadline"
-            )
-            self._finish(step, record)
-            return record
-        start = time.time()
-        results = []
-        for cmd in step.commands:
-            if self.left() < 5:
-                results.append(
-                    {"name": cmd.name, "command": shlex.join(cmd.argv), "skipped": "deadline reached"}
-                )
-                continue
-            results.append(self.run_command(cmd))
-        record["commands"] = results
-        record["seconds"] = round(time.time() - start, 2)
-        try:
-            record.update(step.check(results))
-        except Exception as exc:  # an analysis bug must not cost the remaining steps
-            record.update(status="failed", error=f"analysis error: {type(exc).__name__}: {exc}")
-        if "status" not in record:
-            record["status"] = "failed" if any(r.get("error") or r.get("skipped") for r in results) else "ok"
-        self._finish(step, record)
-        return record
-
-    def _finish(self, step: Step, record: dict[str, Any]) -> None:
-        write_json(self.out / f"{step.name}.json", record)
-        self.records.append(record)
-        print(format_line(record), flush=True)
-
-
-def last_error_line(path: Path) -> str | None:
-    """A failed command's line: the last 'error:'/'...Error' line of its stderr, else the last line."""
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return None
-    if not lines:
-        return None
-    for line in reversed(lines):
-        if line.startswith("error:") or "Error" in line.split(":", 1)[0]:
-            return line[:500]
-    return lines[-1][:500]
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    try:
-        for line in Path(path).read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                rows.append(json.loads(line))
-    except OSError:
-        pass
-    return rows
-
-
-def fmt_int(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:,.0f}"
-
-
-def fmt(x: float | None, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
+# ----------------------------------------------------------------------------- what the steps share
 
 
 def short_kernels(kernels: list[str] | None) -> str:
@@ -1481,43 +1345,13 @@ def short_kernels(kernels: list[str] | None) -> str:
         # Forward attention ops only (lists may also hold backward/autograd nodes and unrelated ops).
         if "attention" not in k.lower() or "backward" in k.lower() or k == "scaled_dot_product_attention":
             continue
-        for label, op in (
-            ("flash", "flash_attention"),
-            ("efficient", "efficient_attention"),
-            ("cudnn", "cudnn_attention"),
-            ("math", "attention_math"),
-        ):
+        for label, op in KERNEL_OP.items():
             if op in k:
                 k = label + ("(cpu)" if "for_cpu" in k else "")
                 break
         if k not in names:
             names.append(k)
     return "+".join(names) or "sdpa"
-
-
-def format_line(r: dict[str, Any]) -> str:
-    """One line per step: status, tokens/s, peak GiB, MFU, attention kernel, ratio to the reference."""
-    parts = [f"[{r['step']}]", r.get("status", "?")]
-    if "tokens_per_second" in r:
-        parts.append(f"{fmt_int(r.get('tokens_per_second'))} tok/s")
-    if "peak_memory_bytes" in r:
-        pm = r.get("peak_memory_bytes")
-        parts.append(f"peak {fmt(pm / GIB if pm else None, '.2f')} GiB")
-    if "mfu" in r:
-        parts.append(f"MFU {fmt(r.get('mfu'), '.3f')}")
-    if "attention_kernel" in r:
-        parts.append(f"kernel {r.get('attention_kernel')}")
-    if r.get("reference") is not None:
-        parts.append(f"ref {r['reference']}")
-    if r.get("ratio_to_reference") is not None:
-        parts.append(f"ratio {r['ratio_to_reference']:.3f}x")
-    if r.get("detail"):
-        parts.append(r["detail"])
-    if r.get("seconds") is not None:
-        parts.append(f"({r['seconds']:.0f} s)")
-    if r.get("error"):
-        parts.append(f"ERROR: {r['error']}")
-    return "  ".join(str(p) for p in parts)
 
 
 def copy_run_files(run_dir: Path, dest: Path) -> None:
@@ -1567,20 +1401,6 @@ def select(default: list[Step], more: list[Step], only: str | None) -> list[Step
     if "cuda-graph-20m" in wanted:
         wanted |= {"pytest-cuda", "bench-20m"}  # its correctness, then its figure without the graph
     return [s for s in every if s.name in wanted]
-
-
-def budget_lines(chosen: list[Step], install: float, limit: float) -> list[str]:
-    """--dry-run's closing lines: each step's budget and the sum with the install's, against the limit."""
-    steps_total = sum(step.budget for step in chosen)
-    total = install + steps_total
-    verdict = "within" if total <= limit else "OVER"
-    return [
-        "# budgets (s): install "
-        + f"{install:.0f}, "
-        + ", ".join(f"{st.name} {st.budget:.0f}" for st in chosen),
-        f"# budget sum: install {install:.0f} s + steps {steps_total:.0f} s = {total:.0f} s, {verdict} the "
-        f"{limit:.0f} s budget",
-    ]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

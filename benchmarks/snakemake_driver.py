@@ -33,7 +33,7 @@ def claim_workdir(workdir: Path, *, empty: bool = False) -> Path:
     ``empty`` emptied; a non-empty directory without the marker is refused in one line (``error: ...``, exit
     2) before anything in it is touched: a benchmark deletes nothing of yours."""
     from tiny_llm.errors import TinyLLMError
-    from tiny_llm.io import claim_output_dir
+    from tiny_llm.output_dirs import claim_output_dir
 
     try:
         workdir = claim_output_dir(workdir.resolve(), "--workdir")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import math
 import os
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,7 +26,7 @@ import yaml
 from tiny_llm.budget import budget_problems, make_budget, packed_epoch_problems, parameter_count
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import LongIntegerError, canonical_json, parse_yaml
-from tiny_llm.typed import build
+from tiny_llm.typed import FRACTION, MOMENTUM, NON_NEGATIVE, POSITIVE, build
 
 C4_REVISION = "1588ec454efa1a09f29cd18ddd04fe05fc8653a2"
 TINYLLAMA_TOKENIZER = "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"
@@ -36,23 +39,23 @@ TRACKING_ENV = "TINY_LLM_TRACKING"
 class ModelConfig:
     """Llama-style decoder shape (the 20M preset is the default)."""
 
-    vocab_size: int = 32000
-    """Tokenizer size; must equal len(tokenizer)."""
-    num_layers: int = 8
+    vocab_size: int = field(default=32000, metadata={**POSITIVE, "maximum": 65536})
+    """Tokenizer size; must equal len(tokenizer); at most 65,536 (the token cache stores uint16 ids)."""
+    num_layers: int = field(default=8, metadata=POSITIVE)
     """Transformer blocks."""
-    width: int = 320
+    width: int = field(default=320, metadata=POSITIVE)
     """Residual stream width d."""
-    num_heads: int = 5
+    num_heads: int = field(default=5, metadata=POSITIVE)
     """Attention heads (KV heads = heads)."""
-    ffn_width: int = 896
+    ffn_width: int = field(default=896, metadata=POSITIVE)
     """SwiGLU hidden width f."""
-    context_length: int = 1024
+    context_length: int = field(default=1024, metadata=POSITIVE)
     """Tokens per training block L."""
-    rope_theta: float = 10000.0
+    rope_theta: float = field(default=10000.0, metadata=POSITIVE)
     """RoPE base."""
-    norm_eps: float = 1e-5
+    norm_eps: float = field(default=1e-5, metadata=POSITIVE)
     """RMSNorm epsilon."""
-    init_std: float = 0.02
+    init_std: float = field(default=0.02, metadata=POSITIVE)
     """Std of the normal init of linears and the embedding."""
 
 
@@ -72,20 +75,20 @@ class DataConfig:
     """Hub revision of the tokenizer; ignored for local paths."""
     shuffle_seed: int = 42
     """Seed of the streaming shuffle of train documents."""
-    shuffle_buffer: int = 10000
+    shuffle_buffer: int = field(default=10000, metadata=POSITIVE)
     """Documents in the streaming shuffle buffer."""
-    shard_tokens: int = 16_777_216
+    shard_tokens: int = field(default=16_777_216, metadata=POSITIVE)
     """Tokens per full cache shard."""
-    tokenize_batch_size: int = 256
+    tokenize_batch_size: int = field(default=256, metadata=POSITIVE)
     """Documents per tokenizer batch call."""
-    prepare_workers: int = field(default=1, metadata={"late": True, "maximum": 256})
+    prepare_workers: int = field(default=1, metadata={**POSITIVE, "maximum": 256})
     """Processes that tokenize for `prepare`, feeding one writer in order (the cache's bytes do not depend
     on it); 1 = tokenize in the preparing process; at most 256 (each one a process with a tokenizer)."""
-    buffer_size_mib: int = 64
+    buffer_size_mib: int = field(default=64, metadata=POSITIVE)
     """Size of one contiguous loader read (and prefetch unit)."""
     prefetch: bool = True
     """Read the next loader range in a background thread."""
-    shuffle_group_size: int | None = field(default=None, metadata={"late": True})
+    shuffle_group_size: int | None = field(default=None, metadata={"late": True, "minimum": 1})
     """Loader v2: shuffle groups of this many physical shards, visited in file order, so a shorter run's
     samples are a prefix of a longer run's; null = loader v1 (ranges of buffer_size_mib in seeded order)."""
     prepare_train_tokens: int | None = None
@@ -97,84 +100,130 @@ class DataConfig:
         object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))  # ~ as in a shell
 
 
+OptimizerName = Literal["adamw", "muon"]
+"""The optimizers (the campaign's grid points and the workflow schema name the same)."""
+OPTIMIZER_NAMES: tuple[str, ...] = typing.get_args(OptimizerName)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MuonConfig:
+    """Muon on the hidden matrices (``optimizer.name: muon`` only): torch's defaults, but the LR scale."""
+
+    lr: float | None = field(default=None, metadata=POSITIVE)
+    """Peak learning rate of the hidden matrices (the schedule scales it like optimizer.lr); null = lr."""
+    momentum: float = field(default=0.95, metadata=MOMENTUM)
+    """Momentum, in [0, 1)."""
+    nesterov: bool = True
+    """Nesterov momentum."""
+    ns_steps: int = field(default=5, metadata={"minimum": 1, "maximum": 99})
+    """Newton-Schulz iterations."""
+    weight_decay: float | None = field(default=None, metadata=NON_NEGATIVE)
+    """Decoupled decay of the hidden matrices (x muon.lr per update); null = optimizer.weight_decay."""
+    adjust_lr_fn: Literal["original", "match_rms_adamw"] = "match_rms_adamw"
+    """torch's per-matrix LR scale: original (sqrt(max(1, out/in))) or match_rms_adamw (0.2 sqrt(max(out,
+    in)), so AdamW's lr and decay carry over)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     """The optimizer (AdamW, or Muon with AdamW) and the token-based learning-rate schedule.
 
     Under ``name: muon`` the AdamW keys (lr, beta1, beta2, eps, weight_decay) still apply, to the tied
-    embedding/head and the RMSNorm scales; the ``muon_*`` keys apply to the hidden matrices, and only under
-    muon (set under adamw, they are refused). grad_clip and the schedule keys apply under both."""
+    embedding/head and the RMSNorm scales; the ``muon`` section applies to the hidden matrices, and only under
+    muon (set under adamw, it is refused). grad_clip and the schedule keys apply under both."""
 
-    name: Literal["adamw", "muon"] = field(default="adamw", metadata={"late": True})
+    name: OptimizerName = field(default="adamw", metadata={"late": True})
     """adamw: AdamW on every parameter. muon: torch's Muon, batched per matrix shape, on the blocks' 2-D
     matrices (q/k/v/out, gate/up/down), AdamW on the embedding/head and norm scales (packed: batched over
     the workers too); not with runtime.cuda_graph."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=POSITIVE)
     """Peak learning rate (AdamW's; under muon, of the embedding/head and norm scales)."""
-    beta1: float = 0.9
+    beta1: float = field(default=0.9, metadata=MOMENTUM)
     """AdamW (both names)."""
-    beta2: float = 0.95
+    beta2: float = field(default=0.95, metadata=MOMENTUM)
     """AdamW (both names)."""
-    eps: float = 1e-8
+    eps: float = field(default=1e-8, metadata=POSITIVE)
     """AdamW (both names)."""
-    weight_decay: float = 0.1
+    weight_decay: float = field(default=0.1, metadata=NON_NEGATIVE)
     """AdamW's decoupled decay on all >=2-D tensors (embedding included), none on norm scales (both names)."""
-    muon_lr: float | None = field(default=None, metadata={"late": True})
-    """muon only: peak learning rate of the hidden matrices (the schedule scales it like lr); null = lr."""
-    muon_momentum: float | None = field(default=None, metadata={"late": True})
-    """muon only: momentum in [0, 1); null = 0.95."""
-    muon_nesterov: bool | None = field(default=None, metadata={"late": True})
-    """muon only: Nesterov momentum; null = true."""
-    muon_ns_steps: int | None = field(default=None, metadata={"late": True})
-    """muon only: Newton-Schulz iterations, 1 to 99; null = 5."""
-    muon_weight_decay: float | None = field(default=None, metadata={"late": True})
-    """muon only: decoupled decay of the hidden matrices (x muon_lr per update); null = weight_decay."""
-    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] | None = field(
-        default=None, metadata={"late": True}
-    )
-    """muon only: torch's per-matrix LR scale: original (sqrt(max(1, out/in))) or match_rms_adamw
-    (0.2 sqrt(max(out, in)), so AdamW's lr and decay carry over); null = match_rms_adamw."""
-    grad_clip: float | None = 1.0
+    muon: MuonConfig | None = field(default=None, metadata={"late": True})
+    """Under muon: Muon's settings of the hidden matrices (null: its defaults, written out); refused under
+    adamw."""
+    grad_clip: float | None = field(default=1.0, metadata=POSITIVE)
     """Global L2 clip threshold; null = no clipping (the norm is still computed and logged)."""
-    warmup_fraction: float = 0.05
+    warmup_fraction: float = field(default=0.05, metadata=FRACTION)
     """Linear warmup over this fraction of the training tokens."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = field(default=0.1, metadata=FRACTION)
     """cosine only: final LR as a fraction of the peak (wsd decays to 0)."""
     lr_schedule: Literal["cosine", "wsd"] = field(default="cosine", metadata={"late": True})
     """cosine decay, or warmup-stable-decay."""
-    decay_fraction: float = field(default=0.1, metadata={"late": True})
+    decay_fraction: float = field(default=0.1, metadata={"late": True, **FRACTION})
     """wsd only: decay peak x (1 - sqrt(q)) to 0 over this last fraction of tokens."""
-    warmup_steps: int | None = field(default=None, metadata={"late": True})
+    warmup_steps: int | None = field(default=None, metadata={"late": True, **NON_NEGATIVE})
     """Linear warmup over this many full updates (warmup_steps x batch_tokens targets), independent of the
     total; exclusive with warmup_fraction (set it to 0). null = warmup_fraction."""
+
+    def __post_init__(self) -> None:
+        if self.name == "muon" and self.muon is None:  # Muon's settings, written out in the recipe
+            object.__setattr__(self, "muon", MuonConfig())
+
+
+@dataclass(frozen=True)
+class OptimizerLabel:
+    """What reports and rankings say of a run's optimizer: its name and, under muon, the peak LR of its hidden
+    matrices (the effective one: muon.lr, else lr). AdamW sorts before Muon, then the lower Muon LR."""
+
+    name: str = "adamw"
+    muon_lr: float | None = None
+
+    @classmethod
+    def of(cls, optimizer: Mapping[str, Any]) -> OptimizerLabel:
+        """The label of an optimizer block as a recipe file holds it."""
+        name = str(optimizer.get("name") or "adamw")
+        if name == "adamw":
+            return cls()
+        muon_lr = (optimizer.get("muon") or {}).get("lr")
+        return cls(name, float(optimizer["lr"] if muon_lr is None else muon_lr))
+
+    def sort_key(self) -> tuple[str, float]:
+        return self.name, -math.inf if self.muon_lr is None else self.muon_lr
+
+    def fields(self) -> dict[str, Any]:
+        """A ranking row's fields (none for AdamW, whose rows are as they were before Muon)."""
+        return {} if self.name == "adamw" else {"name": self.name, "muon_lr": self.muon_lr}
+
+    def text(self) -> str:
+        """A table's cell: 'adamw', or 'muon (muon_lr X)' (LR is then the AdamW rate of the embedding, the
+        norms and the head)."""
+        return self.name if self.muon_lr is None else f"{self.name} (muon_lr {self.muon_lr:.6g})"
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """Token budget, batch and checkpointing."""
 
-    tokens_per_parameter: float = 20.0
+    tokens_per_parameter: float = field(default=20.0, metadata=POSITIVE)
     """Training targets = this x parameters of one model."""
-    epoch_tokens_per_parameter: float = 0.5
+    epoch_tokens_per_parameter: float = field(default=0.5, metadata=POSITIVE)
     """Targets per virtual epoch = this x parameters."""
-    batch_tokens: int = field(default=131_072, metadata={"maximum": 2**30})
+    batch_tokens: int = field(default=131_072, metadata={**POSITIVE, "maximum": 2**30})
     """Targets per optimizer update; at most 2**30 (1,073,741,824)."""
-    micro_batch_size: int = 128
+    micro_batch_size: int = field(default=128, metadata=POSITIVE)
     """Sequences per forward/backward microbatch."""
     checkpoint_policy: Literal["final", "none", "interval", "all"] = "final"
     """final | none | interval (rolling latest.pt) | all (interval + per-epoch files)."""
-    checkpoint_every: int = 500
+    checkpoint_every: int = field(default=500, metadata=POSITIVE)
     """Updates between rolling checkpoints (interval/all)."""
-    checkpoint_epochs: list[int] | None = None
+    checkpoint_epochs: list[int] | None = field(default=None, metadata={"minimum": 1})
     """Epochs (1-based) whose epoch-NNN.safetensors/.pt files are kept (policy interval or all); null = every
     epoch under policy all, none otherwise."""
-    log_every: int = 20
+    log_every: int = field(default=20, metadata=POSITIVE)
     """Updates between train metric rows."""
-    data_passes: int = field(default=1, metadata={"late": True})
+    data_passes: int = field(default=1, metadata={"late": True, **POSITIVE})
     """Passes over the training tokens: the run trains on the cache's first ceil(blocks / data_passes) blocks,
     each pass in its own seeded order. 1 (default): every training token is new; more repeats data on purpose
     (a small corpus), recorded in the recipe and its identity."""
-    data_seed: int | None = field(default=None, metadata={"late": True})
+    data_seed: int | None = field(default=None, metadata={"late": True, **NON_NEGATIVE})
     """Seed of the training data's order; null (default) = runtime.seed, which then seeds both the initial
     weights and the order. Set apart, the two sources of seed noise vary one at a time (a noise study)."""
 
@@ -183,9 +232,9 @@ class TrainingConfig:
 class EvaluationConfig:
     """Validation subset and batching."""
 
-    subset_blocks: int = 1024
+    subset_blocks: int = field(default=1024, metadata=POSITIVE)
     """Full validation blocks in the per-epoch subset."""
-    batch_size: int = 128
+    batch_size: int = field(default=128, metadata=POSITIVE)
     """Sequences per evaluation batch."""
     seed: int = 12345
     """numpy default_rng seed choosing the subset."""
@@ -216,14 +265,14 @@ class RuntimeConfig:
     cuda_graph: bool = field(default=False, metadata={"late": True})
     """Capture the whole update (forward, backward, clipping, fused AdamW) as one CUDA graph after a few
     eager updates and replay it; CUDA only, with the fused optimizer; short epoch-end updates run eagerly."""
-    cpu_threads: int | None = 8
+    cpu_threads: int | None = field(default=8, metadata=POSITIVE)
     """torch threads; null = SLURM_CPUS_PER_TASK or all cores."""
-    memory_limit_mb: int | None = field(default=None, metadata={"late": True, "maximum": 2**24})
+    memory_limit_mb: int | None = field(default=None, metadata={**POSITIVE, "maximum": 2**24})
     """benchmark-worker only: MiB the measurement may allocate beyond what the process holds once its engine
     is built (CPU: the data segment; CUDA: the caching allocator's reservation); more raises an out-of-memory
     like CUDA's, and a peak at 90% of it is recorded as one. null = no cap; at most 2**24 (16 TiB, more than
     any machine holds)."""
-    num_gpus: int = 1
+    num_gpus: int = field(default=1, metadata={"minimum": 1})
     """Data-parallel ranks of one model (`tiny_llm launch --nproc-per-node num_gpus`, or torchrun; on the CPU,
     gloo processes): each takes its share of every update's microbatches; batch, budget and data order stay
     one process's."""
@@ -238,15 +287,16 @@ class RuntimeConfig:
 class AdaptiveConsensusConfig:
     """Mixing strength gamma = (lr_t / lr_max) ** p after start_frac of the updates."""
 
-    start_frac: float = 0.5
-    p: float = 1.0
+    start_frac: float = field(default=0.5, metadata=FRACTION)
+    p: float = field(default=1.0, metadata=NON_NEGATIVE)
+    """0: gamma = 1 (full mixing)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DecentralizedConfig:
     """Packed training of N models with decentralized mixing."""
 
-    num_models: int = 4
+    num_models: int = field(default=4, metadata={"minimum": 2})
     topology: Literal["complete", "one_peer_ring", "one_peer_exponential"] = "complete"
     scheme: Literal["awc", "atc"] = "awc"
     """awc: mix then step with pre-mix gradients; atc: step then mix."""
@@ -401,9 +451,31 @@ def load_recipe(
     return recipe_from_dict(merged)
 
 
+RETIRED_KEYS = {
+    f"optimizer.muon_{key}": f"optimizer.muon.{key}"
+    for key in ("lr", "momentum", "nesterov", "ns_steps", "weight_decay", "adjust_lr_fn")
+}
+"""Recipe keys that a section replaced, and their place now. Every recipe file written before holds them as
+null (an AdamW run's): read as absent, so those files keep working; set, one is refused naming its place."""
+
+
+def _retired_keys_dropped(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``data`` without its null retired keys; a set one is a problem naming where it went."""
+    out = dict(data)
+    for key, place in RETIRED_KEYS.items():
+        section, name = key.split(".")
+        if not isinstance(out.get(section), dict) or name not in out[section]:
+            continue
+        if out[section][name] is not None:
+            problems.append(f"{key}: is {place} now (a section of its own); move it there")
+        out[section] = {k: v for k, v in out[section].items() if k != name}
+    return out
+
+
 def recipe_from_dict(data: dict[str, Any]) -> RecipeConfig:
     """Build and validate a recipe; raise ConfigError listing every problem."""
     problems: list[str] = []
+    data = _retired_keys_dropped(data, problems)
     recipe = build(RecipeConfig, data, "", problems)
     if not problems:
         problems.extend(cross_field_problems(recipe))
@@ -417,77 +489,21 @@ def recipe_from_dict(data: dict[str, Any]) -> RecipeConfig:
 
 def cross_field_problems(recipe: RecipeConfig) -> list[str]:
     """Combinations that no run could satisfy."""
-    m, t, o, e = recipe.model, recipe.training, recipe.optimizer, recipe.evaluation
+    m, t, o = recipe.model, recipe.training, recipe.optimizer
     problems = []
-    positive = {
-        "model.vocab_size": m.vocab_size,
-        "model.num_layers": m.num_layers,
-        "model.width": m.width,
-        "model.num_heads": m.num_heads,
-        "model.ffn_width": m.ffn_width,
-        "model.context_length": m.context_length,
-        "model.rope_theta": m.rope_theta,
-        "model.norm_eps": m.norm_eps,
-        "model.init_std": m.init_std,
-        "training.tokens_per_parameter": t.tokens_per_parameter,
-        "training.epoch_tokens_per_parameter": t.epoch_tokens_per_parameter,
-        "training.batch_tokens": t.batch_tokens,
-        "training.micro_batch_size": t.micro_batch_size,
-        "training.checkpoint_every": t.checkpoint_every,
-        "training.log_every": t.log_every,
-        "training.data_passes": t.data_passes,
-        "optimizer.lr": o.lr,
-        "optimizer.eps": o.eps,
-        "evaluation.subset_blocks": e.subset_blocks,
-        "evaluation.batch_size": e.batch_size,
-        "data.shuffle_buffer": recipe.data.shuffle_buffer,
-        "data.shard_tokens": recipe.data.shard_tokens,
-        "data.tokenize_batch_size": recipe.data.tokenize_batch_size,
-        "data.prepare_workers": recipe.data.prepare_workers,
-        "data.buffer_size_mib": recipe.data.buffer_size_mib,
-    }
-    problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if v <= 0]
-    for key, value in {"optimizer.beta1": o.beta1, "optimizer.beta2": o.beta2}.items():
-        if not 0 <= value < 1:
-            problems.append(f"{key}: must be in [0, 1), got {value}")
-    for key, value in {
-        "optimizer.warmup_fraction": o.warmup_fraction,
-        "optimizer.min_lr_ratio": o.min_lr_ratio,
-        "optimizer.decay_fraction": o.decay_fraction,
-    }.items():
-        if not 0 <= value <= 1:
-            problems.append(f"{key}: must be in [0, 1], got {value}")
-    if o.warmup_steps is not None and o.warmup_steps < 0:
-        problems.append(f"optimizer.warmup_steps: must be >= 0 or null, got {o.warmup_steps}")
-    elif o.warmup_steps is not None and o.warmup_fraction != 0:
+    if o.warmup_steps is not None and o.warmup_fraction != 0:
         problems.append(
             "optimizer.warmup_steps: exclusive with optimizer.warmup_fraction; set warmup_fraction to 0"
         )
     if t.checkpoint_epochs is not None:
         if t.checkpoint_policy not in ("interval", "all"):
             problems.append("training.checkpoint_epochs: needs training.checkpoint_policy interval or all")
-        elif any(e < 1 for e in t.checkpoint_epochs) or len(set(t.checkpoint_epochs)) < len(
-            t.checkpoint_epochs
-        ):
-            problems.append(
-                f"training.checkpoint_epochs: need distinct epochs >= 1, got {t.checkpoint_epochs}"
-            )
-    if o.weight_decay < 0:
-        problems.append(f"optimizer.weight_decay: must be >= 0, got {o.weight_decay}")
-    if o.grad_clip is not None and o.grad_clip <= 0:
-        problems.append(f"optimizer.grad_clip: must be > 0 or null, got {o.grad_clip}")
-    if recipe.runtime.cpu_threads is not None and recipe.runtime.cpu_threads <= 0:
-        problems.append(f"runtime.cpu_threads: must be > 0 or null, got {recipe.runtime.cpu_threads}")
-    if recipe.runtime.memory_limit_mb is not None and recipe.runtime.memory_limit_mb <= 0:
-        problems.append(f"runtime.memory_limit_mb: must be > 0 or null, got {recipe.runtime.memory_limit_mb}")
-    if problems:
-        return problems
+        elif len(set(t.checkpoint_epochs)) < len(t.checkpoint_epochs):
+            problems.append(f"training.checkpoint_epochs: need distinct epochs, got {t.checkpoint_epochs}")
     if m.width % m.num_heads:
         problems.append(f"model.width: {m.width} is not divisible by model.num_heads {m.num_heads}")
     elif (m.width // m.num_heads) % 2:
         problems.append(f"model.num_heads: head dim {m.width // m.num_heads} must be even for RoPE")
-    if m.vocab_size > 65536:
-        problems.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token cache (max 65536)")
     if t.batch_tokens % m.context_length:
         problems.append(
             f"training.batch_tokens: {t.batch_tokens} is not a multiple of model.context_length "
@@ -498,12 +514,7 @@ def cross_field_problems(recipe: RecipeConfig) -> list[str]:
             f"training.micro_batch_size: {t.micro_batch_size} sequences exceed the "
             f"{t.batch_tokens // m.context_length} sequences of one update (training.batch_tokens)"
         )
-    if t.data_seed is not None and t.data_seed < 0:
-        problems.append(f"training.data_seed: must be >= 0 or null, got {t.data_seed}")
-    group = recipe.data.shuffle_group_size
-    if group is not None and group < 1:
-        problems.append(f"data.shuffle_group_size: must be >= 1 or null, got {group}")
-    elif group is not None and t.data_passes > 1:
+    if recipe.data.shuffle_group_size is not None and t.data_passes > 1:
         problems.append(
             "data.shuffle_group_size: loader v2 reads every block once; set training.data_passes 1"
         )
@@ -544,8 +555,6 @@ def _num_gpus_problems(recipe: RecipeConfig) -> list[str]:
     k, t = recipe.runtime.num_gpus, recipe.training
     if k == 1:
         return []
-    if k < 1:
-        return [f"runtime.num_gpus: must be >= 1, got {k}"]
     if recipe.decentralized is not None or recipe.runtime.cuda_graph:
         what = "packed training (decentralized)" if recipe.decentralized is not None else "runtime.cuda_graph"
         return [f"runtime.num_gpus: {k} ranks are not for {what}; set runtime.num_gpus 1"]
@@ -558,32 +567,16 @@ def _num_gpus_problems(recipe: RecipeConfig) -> list[str]:
     return []
 
 
-MUON_KEYS = (
-    "muon_lr", "muon_momentum", "muon_nesterov", "muon_ns_steps", "muon_weight_decay", "muon_adjust_lr_fn",
-)  # fmt: skip
-
-
 def _muon_problems(recipe: RecipeConfig) -> list[str]:
-    """The muon_* keys apply only under optimizer.name muon; Muon has no captured update."""
+    """The muon section applies only under optimizer.name muon; Muon has no captured update."""
     o = recipe.optimizer
     if o.name != "muon":
-        return [
-            f"optimizer.{key}: applies only under optimizer.name muon (it is {o.name}); remove it"
-            for key in MUON_KEYS
-            if getattr(o, key) is not None
-        ]
-    problems = []
-    if o.muon_lr is not None and o.muon_lr <= 0:
-        problems.append(f"optimizer.muon_lr: must be > 0 or null, got {o.muon_lr}")
-    if o.muon_momentum is not None and not 0 <= o.muon_momentum < 1:
-        problems.append(f"optimizer.muon_momentum: must be in [0, 1) or null, got {o.muon_momentum}")
-    if o.muon_ns_steps is not None and not 1 <= o.muon_ns_steps < 100:
-        problems.append(f"optimizer.muon_ns_steps: must be 1 to 99 or null, got {o.muon_ns_steps}")
-    if o.muon_weight_decay is not None and o.muon_weight_decay < 0:
-        problems.append(f"optimizer.muon_weight_decay: must be >= 0 or null, got {o.muon_weight_decay}")
+        if o.muon is not None:
+            return [f"optimizer.muon: applies only under optimizer.name muon (it is {o.name}); remove it"]
+        return []
     if recipe.runtime.cuda_graph:
-        problems.append("runtime.cuda_graph: captures the fused AdamW update only; set it false under muon")
-    return problems
+        return ["runtime.cuda_graph: captures the fused AdamW update only; set it false under muon"]
+    return []
 
 
 def _cuda_graph_problems(recipe: RecipeConfig) -> list[str]:
@@ -613,9 +606,6 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
     if dec is None:
         return []
     problems = []
-    if dec.num_models < 2:
-        problems.append(f"decentralized.num_models: must be >= 2, got {dec.num_models}")
-        return problems
     need = dec.num_models * recipe.training.micro_batch_size * recipe.model.context_length
     if recipe.training.batch_tokens != need:
         problems.append(
@@ -625,11 +615,6 @@ def _packed_problems(recipe: RecipeConfig) -> list[str]:
     if dec.topology == "one_peer_ring" and dec.num_models % 2:
         problems.append(
             f"decentralized.topology: one_peer_ring needs an even num_models, got {dec.num_models}"
-        )
-    ac = dec.adaptive_consensus
-    if ac is not None and not (0 <= ac.start_frac <= 1 and ac.p >= 0):
-        problems.append(
-            "decentralized.adaptive_consensus: needs 0 <= start_frac <= 1 and p >= 0 (0: gamma = 1)"
         )
     if not problems:
         problems += packed_epoch_problems(recipe)

@@ -1,7 +1,9 @@
-"""Atomic file writes and exclusive directory locks.
+"""File primitives: atomic writes, JSON/YAML reads that name a damaged file, JSONL appends, exclusive locks
+and the checks of private and shared directories.
 
 Every file another step reads is written to a temporary sibling, fsynced and
-renamed into place, so a reader sees either the old or the new content.
+renamed into place, so a reader sees either the old or the new content. The policy of the directories a
+command writes (the output marker) is ``tiny_llm.output_dirs``'.
 """
 
 from __future__ import annotations
@@ -9,25 +11,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import fnmatch
 import json
 import os
 import re
-import shutil
 import socket
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
 
-from tiny_llm.errors import ConfigError, DamagedFileError, DiskFullError, RunStateError
+from tiny_llm.errors import DamagedFileError, DiskFullError, RunStateError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+UMASK = os.umask(0)
+"""The process's umask (read once: setting it is the only way to read it)."""
+os.umask(UMASK)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -73,7 +74,7 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
+            os.fchmod(handle.fileno(), 0o666 & ~UMASK)  # mkstemp makes 0600; give the usual permissions
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -96,145 +97,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         handle.write(data)
 
     atomic_write_with(path, write)
-
-
-OUTPUT_MARKER = ".tiny-llm-output"
-"""A file in every directory an ``--output`` command writes: it marks the directory as one it may replace."""
-
-
-def check_swappable(output: str | os.PathLike[str]) -> None:
-    """Refuse an ``output`` that a rename cannot swap: ``.`` or ``..``, the working directory or one holding
-    it (renamed away and deleted under the running process), a mount point (the rename fails: EBUSY)."""
-    output = Path(output)
-    resolved = output.resolve()
-    cwd = Path.cwd().resolve()
-    if output.name in ("", ".", "..") or resolved == cwd or resolved in cwd.parents:
-        raise ConfigError(
-            f"--output {output} is the working directory or holds it, which cannot be replaced; "
-            "choose a new path, such as a subdirectory"
-        )
-    if os.path.ismount(resolved):
-        raise ConfigError(
-            f"--output {output} is a mount point, which cannot be replaced; choose a new path under it"
-        )
-
-
-def check_replaceable(output: str | os.PathLike[str], *, force: bool) -> None:
-    """Refuse an ``output`` that cannot be swapped (check_swappable), and an existing non-empty one unless it
-    holds OUTPUT_MARKER and ``force`` is given: a directory this project did not write is never deleted, and
-    one it wrote only on request."""
-    output = Path(output)
-    check_swappable(output)
-    if output.is_symlink() or (output.exists() and not output.is_dir()):
-        raise ConfigError(f"--output {output} exists and is not a directory; choose a new path")
-    if not output.exists() or not any(output.iterdir()):
-        return
-    if not (output / OUTPUT_MARKER).is_file():
-        raise ConfigError(
-            f"--output {output} is a non-empty directory that tiny-llm did not write; choose a new path"
-        )
-    if not force:
-        raise ConfigError(f"--output {output} already holds an earlier output; pass --force to replace it")
-
-
-@contextlib.contextmanager
-def replacing_directory(
-    output: str | os.PathLike[str], *, force: bool = False, marked: bool = True
-) -> Iterator[Path]:
-    """Yield a temp sibling of ``output`` to fill; on success it replaces ``output``, else it is removed.
-
-    ``marked``: the new directory gets OUTPUT_MARKER, and an existing ``output`` is replaced only as
-    check_replaceable allows (checked before and again just before the swap). Unmarked callers guard
-    ``output`` themselves."""
-    output = Path(output)
-    if marked:
-        check_replaceable(output, force=force)
-    else:
-        check_swappable(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        yield tmp
-        if marked:
-            (tmp / OUTPUT_MARKER).write_text("written by tiny-llm; replaced only with --force\n")
-            check_replaceable(output, force=force)
-        tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            try:
-                os.replace(output, old / output.name)  # out of the way first: no reader sees half a tree
-            except BaseException:
-                with contextlib.suppress(OSError):  # kept if the rename did happen: nothing is lost
-                    old.rmdir()
-                raise
-            os.replace(tmp, output)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(output.parent)
-
-
-CLAIMED_TEXT = "written by tiny-llm: its commands write here again\n"
-
-
-def check_output_dir(
-    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
-) -> Path:
-    """Refuse, in one line naming ``option``, a directory that files are written into when it exists and is
-    not a directory, or is non-empty and holds neither OUTPUT_MARKER nor, as ``ours`` tells, only what
-    tiny-llm wrote there (an earlier version's output, the command's own inputs): a user's files are never
-    written over."""
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"{option} {output} exists and is not a directory; choose a new path")
-    if not output.is_dir() or (output / OUTPUT_MARKER).is_file() or not any(output.iterdir()):
-        return output
-    if ours is not None and ours(output):
-        return output
-    raise ConfigError(
-        f"{option} {output} is a non-empty directory that tiny-llm did not write; choose a new or empty one"
-    )
-
-
-def claim_output_dir(
-    output: str | os.PathLike[str], option: str, *, ours: Callable[[Path], bool] | None = None
-) -> Path:
-    """check_output_dir, then ``output`` created where missing and marked with OUTPUT_MARKER, so that its
-    command (a report, a benchmark's scratch directory) writes there again on a rerun."""
-    output = check_output_dir(output, option, ours=ours)
-    output.mkdir(parents=True, exist_ok=True)
-    marker = output / OUTPUT_MARKER
-    if not marker.is_file():
-        atomic_write_text(marker, CLAIMED_TEXT)
-    return output
-
-
-def holds_earlier_output(
-    directory: Path,
-    names: Iterable[str],
-    recognised: Callable[[Path], bool],
-    inputs: Iterable[str | os.PathLike[str]] = (),
-) -> bool:
-    """Whether ``directory`` holds an output its command wrote before it marked its directories: beside the
-    command's ``inputs``, only files named as in ``names`` (glob patterns), each of its JSON and YAML files
-    ``recognised`` by its content, at least one of them (a user's ``report.md`` beside a ``comparison.json``
-    of theirs is not ours). Nothing but ``inputs`` also counts."""
-    skipped = {os.path.abspath(path) for path in inputs}
-    entries = [e for e in directory.iterdir() if os.path.abspath(e) not in skipped]
-    if not all(e.is_file() and any(fnmatch.fnmatchcase(e.name, n) for n in names) for e in entries):
-        return False
-    checked = [e for e in entries if e.suffix in (".json", ".yaml")]
-    return not entries or (bool(checked) and all(_recognised(recognised, e) for e in checked))
-
-
-def _recognised(recognised: Callable[[Path], bool], path: Path) -> bool:
-    try:
-        return bool(recognised(path))
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # unreadable: not ours
-        return False
 
 
 _ATOMIC_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")

@@ -4,8 +4,11 @@ A mapping becomes a dataclass by its fields' type hints. Every problem is collec
 dotted key: an unknown key (with the closest name), a value that is not one of a ``Literal``'s choices, a
 bool where a number is wanted, a non-finite number, an integer of 2**63 or more (nothing here counts that
 far: a typo), an empty string. Numbers written as text (YAML 1.1 reads ``1e-3`` as a string) are read as
-numbers. Value ranges stay with each config: an upper bound as the field's ``metadata={"maximum": N}``, and
-a ``__post_init__`` that raises ConfigError is one more problem of its section.
+numbers. A value's range lives beside its field, as its ``metadata`` in JSON Schema's words (``minimum``,
+``exclusiveMinimum``, ``maximum``, ``exclusiveMaximum``; for a list, each item's), and is checked here
+before the value is converted; a ``__post_init__`` that raises ConfigError (a rule between fields) is one
+more problem of its section. A dataclass made without this builder (from a command's flags) checks the same
+bounds with ``out_of_bounds``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, Union
 
 from tiny_llm.errors import ConfigError
@@ -48,15 +51,13 @@ def build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         if key not in names:
             problems.append(f"{prefix}{key}: unknown key{did_you_mean(str(key), names)}")
     problems.extend(f"{prefix}{f.name}: required" for f in fields if f.name not in data and _required(f))
-    maxima = {f.name: f.metadata["maximum"] for f in fields if "maximum" in f.metadata}
+    by_name = {f.name: f for f in fields}
     kwargs = {}
     for name in (name for name in data if name in names):
         key, value = f"{prefix}{name}", data[name]
-        if name in maxima and above(value, maxima[name]):
-            problems.append(
-                f"{key}: must be at most {maxima[name]:,}, got {show_number(number_from_text(value))}"
-            )
-        else:
+        outside = bound_problems(by_name[name], hints[name], value, key)
+        problems.extend(outside)
+        if not outside:
             kwargs[name] = convert(hints[name], value, key, problems)
     if len(problems) > before:
         return None
@@ -67,10 +68,83 @@ def build(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
         return None
 
 
-def above(value: Any, maximum: float) -> bool:
-    """Whether ``value`` is a number (or a number written as text) greater than ``maximum``."""
-    value = number_from_text(value)
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > maximum
+POSITIVE = {"exclusiveMinimum": 0}
+NON_NEGATIVE = {"minimum": 0}
+FRACTION = {"minimum": 0, "maximum": 1}
+"""[0, 1]."""
+MOMENTUM = {"minimum": 0, "exclusiveMaximum": 1}
+"""[0, 1): an Adam beta, a momentum."""
+BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+"""The metadata keys of a field's range (JSON Schema's: a field and the workflow schema say the same)."""
+
+
+def bounds(field: dataclasses.Field) -> dict[str, float]:
+    """A field's range, as its metadata states it ({} for none)."""
+    return {k: field.metadata[k] for k in BOUNDS if k in field.metadata}
+
+
+def bound_problems(field: dataclasses.Field, hint: Any, value: Any, key: str) -> list[str]:
+    """``key: must be <range>, got <value>`` for a number (or a number written as text; for a list, each
+    item, named ``key[i]``) outside ``field``'s range; what is no number is left to the type check."""
+    limits = bounds(field)
+    if not limits:
+        return []
+    items = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
+    problems = []
+    for i, item in items:
+        number = number_from_text(item)
+        if isinstance(number, float) and not math.isfinite(number):
+            continue  # the type check's: not a finite number
+        if isinstance(number, (int, float)) and not isinstance(number, bool) and not within(number, limits):
+            where = key if i is None else f"{key}[{i}]"
+            nullable = " or null" if i is None and _admits_none(hint) else ""
+            problems.append(f"{where}: must be {range_text(limits)}{nullable}, got {show_number(number)}")
+    return problems
+
+
+def within(value: float, limits: dict[str, float]) -> bool:
+    """Whether ``value`` lies in the range."""
+    return (
+        value >= limits.get("minimum", -math.inf)
+        and ("exclusiveMinimum" not in limits or value > limits["exclusiveMinimum"])
+        and value <= limits.get("maximum", math.inf)
+        and ("exclusiveMaximum" not in limits or value < limits["exclusiveMaximum"])
+    )
+
+
+def range_text(limits: dict[str, float]) -> str:
+    """A range as an error message says it: ``> 0``, ``>= 1``, ``at most 256``, ``in [0, 1)``."""
+    low = next(((k, limits[k]) for k in ("minimum", "exclusiveMinimum") if k in limits), None)
+    high = next(((k, limits[k]) for k in ("maximum", "exclusiveMaximum") if k in limits), None)
+    if low and high:
+        left, right = "[" if low[0] == "minimum" else "(", "]" if high[0] == "maximum" else ")"
+        return f"in {left}{_bound_text(low[1])}, {_bound_text(high[1])}{right}"
+    if low:
+        return f"{'>=' if low[0] == 'minimum' else '>'} {_bound_text(low[1])}"
+    assert high is not None
+    return f"{'at most' if high[0] == 'maximum' else 'below'} {_bound_text(high[1])}"
+
+
+def _bound_text(value: float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+def _admits_none(hint: Any) -> bool:
+    return typing.get_origin(hint) in (Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def out_of_bounds(instance: Any, name: Callable[[str], str] = str) -> list[str]:
+    """The bound problems of a dataclass made without the builder (from a command's flags), each key named
+    ``name(field)``; an integer too large for any setting too."""
+    hints = typing.get_type_hints(type(instance))
+    problems = []
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INTEGER:
+            problems.append(f"{name(field.name)}: must be below 2**63 in size, got {show_number(value)}")
+        else:
+            problems += bound_problems(field, hints[field.name], value, name(field.name))
+    return problems
 
 
 def show_number(value: float) -> str:

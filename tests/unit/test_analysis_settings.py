@@ -72,9 +72,13 @@ def test_bad_settings_are_one_line_errors_naming_the_flags() -> None:
         AnalysisConfig(case="seen", noise_samples=0, random_samples=-1, dtype="float64", amp=True)
     message = str(info.value)
     assert "\n" not in message
-    for flag in ("--noise-samples: 0", "--random-samples: -1 is negative", "--amp: BF16 autocast needs"):
+    for flag in (
+        "--noise-samples: must be >= 1, got 0",
+        "--random-samples: must be >= 0, got -1",
+        "--amp: BF16 autocast needs",
+    ):
         assert flag in message
-    with pytest.raises(ConfigError, match="--directions-per-pass: 0 is not positive"):
+    with pytest.raises(ConfigError, match="--directions-per-pass: must be >= 1, got 0"):
         AnalysisConfig(case="seen", directions_per_pass=0)
     with pytest.raises(ConfigError, match="--noise-samples: 'some' is neither a count nor all"):
         parsed(["--case", "seen", "--noise-samples", "some"])

@@ -26,6 +26,14 @@ CLUSTER_SECTION = {
     "throughput": {"20m": 1_636_281, "50m": 871_826, "90m": 508_930},
 }
 CLUSTER_SIZES = {name: {"preset": name} for name in ("20m", "50m", "90m")}
+MUON_SECTION = {
+    "lr": None,
+    "momentum": 0.95,
+    "nesterov": True,
+    "ns_steps": 5,
+    "weight_decay": None,
+    "adjust_lr_fn": "match_rms_adamw",
+}
 
 
 def cluster(root: str = "results/campaign") -> campaign.CampaignConfig:
@@ -115,6 +123,22 @@ def test_rank_by_loss_then_lr_then_decay_then_beta2():
     ]
 
 
+def test_a_child_of_a_muon_parent_keeps_its_muon_section_but_the_lr_its_stage_varies():
+    section = {
+        "stages": [
+            {"size": "20m", "points": [{"lr": 1e-3, "name": "muon", "muon_lr": 2e-3}]},
+            {"size": "50m", "parents": 1, "points": [{"muon_lr": 4e-3}]},
+        ]
+    }
+    config = campaign.parse_campaign(section, CLUSTER_SIZES, "results/campaign")
+    templates = campaign.load_templates(config)
+    parent = campaign.stage1_recipes(config, templates["20m"])["20m-lr0.001-muon-mlr0.002"]
+    assert parent["optimizer"]["muon"] == {**MUON_SECTION, "lr": 2e-3}
+    parent["optimizer"]["muon"]["momentum"] = 0.9  # what a parent may hold beside its stage's values
+    (child,) = campaign.child_recipes(config, 1, templates["50m"], [parent]).values()
+    assert child["optimizer"] == {**parent["optimizer"], "muon": {**parent["optimizer"]["muon"], "lr": 4e-3}}
+
+
 def test_final_loss_reads_full_validation_and_ranks_missing_last():
     assert campaign.final_loss({"final_validation": {"loss": 3.25}}) == 3.25
     assert campaign.final_loss({"final_validation": None}) == math.inf
@@ -144,10 +168,10 @@ def test_children_copy_the_parents_whole_optimizer_block():
         (lambda s: s["stages"][0].update(size="7m"), "unknown size '7m'"),
         (lambda s: s["stages"][1].update(parents=7), "exceeds the 6 configurations of stage1"),
         (lambda s: s["stages"][0].update(lr=[1e-3, "x"]), r"lr\[1\]: expected a number, got str .x."),
-        (lambda s: s["stages"][0].update(lr=[0.0]), "expected positive numbers"),
+        (lambda s: s["stages"][0].update(lr=[0.0]), r"campaign.stages\[0\].lr\[0\]: must be > 0, got 0"),
         (lambda s: s["stages"][1].update(lrs=[1e-3]), "unknown key"),
         (lambda s: s["stages"][0].update(seeds=[42, 42]), "values repeat"),
-        (lambda s: s["stages"][0].update(seeds=[-1]), "non-negative integers"),
+        (lambda s: s["stages"][0].update(seeds=[-1]), r"stages\[0\].seeds\[0\]: must be >= 0, got -1"),
         (lambda s: s["stages"][0].update(points=[{"lr": 1e-3}]), "either points or lists"),
         (lambda s: s["batch_tokens"].update({"1b": 4}), "not in campaign.stages"),
         (lambda s: s.update(stages=[]), "non-empty list"),
@@ -636,7 +660,7 @@ def test_explicit_points_instead_of_a_product():
     for bad, message in [
         ([{"lr": 1e-3}, {"lr": 1e-3}], "values repeat"),
         ([{"momentum": 0.9}], "unknown key"),
-        ([{"beta2": 1.0}], "below 1"),
+        ([{"beta2": 1.0}], r"points\[0\].beta2: must be in \[0, 1\) or null, got 1"),
         ([], "non-empty list"),
     ]:
         broken = json.loads(json.dumps(section))
@@ -646,8 +670,8 @@ def test_explicit_points_instead_of_a_product():
 
 
 def test_points_may_set_the_optimizer_name_and_muon_lr():
-    """name and muon_lr join a point's run id only where set (name adamw never); a point without them keeps
-    its run id, campaign identity and recipe."""
+    """name and muon_lr (the optimizer's muon.lr) join a point's run id only where set (name adamw never); a
+    point without them keeps its run id, campaign identity and recipe."""
     plain = {"stages": [{"size": "20m", "points": [{"lr": 5.6e-3}], "seeds": [1]}]}
     section = json.loads(json.dumps(plain))
     section["stages"][0]["points"] += [
@@ -667,11 +691,12 @@ def test_points_may_set_the_optimizer_name_and_muon_lr():
     recipes = campaign.stage1_recipes(config, template)
     assert recipes["20m-lr0.0056-s1"] == campaign.stage1_recipes(before, template)["20m-lr0.0056-s1"]
     muon = recipes["20m-lr0.0056-muon-mlr0.0028-s1"]["optimizer"]
-    assert (muon["name"], muon["lr"], muon["muon_lr"], muon["beta2"]) == ("muon", 5.6e-3, 2.8e-3, 0.98)
+    assert (muon["name"], muon["lr"], muon["muon"]["lr"], muon["beta2"]) == ("muon", 5.6e-3, 2.8e-3, 0.98)
+    assert muon["muon"]["momentum"] == 0.95  # the rest of the section: its defaults
     for bad, message in [
         ([{"lr": 1e-3}, {"lr": 1e-3, "name": "adamw"}], "run ids repeat"),
         ([{"name": "sgd"}], "expected one of adamw, muon"),
-        ([{"name": "muon", "muon_lr": 0.0}], "muon_lr: expected positive"),
+        ([{"name": "muon", "muon_lr": 0.0}], "muon_lr: must be > 0 or null, got 0"),
     ]:
         broken = json.loads(json.dumps(section))
         broken["stages"][0]["points"] = bad
@@ -680,7 +705,7 @@ def test_points_may_set_the_optimizer_name_and_muon_lr():
     adamw_only = campaign.parse_campaign(
         {"stages": [{"size": "20m", "points": [{"muon_lr": 1e-3}]}]}, CLUSTER_SIZES, "results/campaign"
     )
-    with pytest.raises(ConfigError, match="optimizer.muon_lr: applies only under optimizer.name muon"):
+    with pytest.raises(ConfigError, match="optimizer.muon: applies only under optimizer.name muon"):
         campaign.stage1_recipes(adamw_only, template)
 
 
@@ -689,8 +714,8 @@ def test_an_adamw_muon_tie_goes_to_adamw_then_the_lower_muon_lr():
     result = {"final_validation": {"loss": 3.25}}
     muon = {"optimizer": {**recipe["optimizer"], "name": "muon"}}
     outcomes = [
-        outcome_from("m-high", result, {"optimizer": {**muon["optimizer"], "muon_lr": 2e-3}}),
-        outcome_from("m-default", result, muon),  # muon_lr null = lr
+        outcome_from("m-high", result, {"optimizer": {**muon["optimizer"], "muon": {"lr": 2e-3}}}),
+        outcome_from("m-default", result, muon),  # muon.lr null (or no section) = lr
         outcome_from("z-adamw", result, recipe),
     ]
     ranked = campaign.rank_configurations(outcomes)
@@ -874,9 +899,9 @@ def test_a_cut_inside_the_noise_gets_extra_seeds_until_it_holds(tmp_path, capsys
     [
         (
             {"extra_seeds": 0},
-            "campaign.promotion.resolve_ties.extra_seeds: expected a positive integer, got 0",
+            "campaign.promotion.resolve_ties.extra_seeds: must be >= 1, got 0",
         ),
-        ({"extra_seeds": 2, "max_rounds": 0}, "resolve_ties.max_rounds: expected a positive integer"),
+        ({"extra_seeds": 2, "max_rounds": 0}, "resolve_ties.max_rounds: must be >= 1, got 0"),
         ({"extra_seed": 2}, "campaign.promotion.resolve_ties.extra_seed"),
     ],
 )
@@ -895,3 +920,46 @@ def test_without_the_tie_rule_settings_and_identity_keep_their_form():
         "resolve_ties": {"extra_seeds": 2, "max_rounds": 1}
     }
     assert campaign.config_from_settings(campaign.settings_dict(with_rule)) == with_rule
+
+
+def test_the_schema_bounds_a_grid_as_the_optimizer_bounds_its_fields() -> None:
+    """A grid value's range is stated once, beside the optimizer's field; the stage sections take it from
+    there, and the workflow schema (which validates first) says the same."""
+    from dataclasses import fields
+
+    from tiny_llm.campaign.stages import GRID_KEYS, GridPoint, StageSection
+    from tiny_llm.config import MuonConfig, OptimizerConfig
+    from tiny_llm.pipeline.schema import load_schema
+    from tiny_llm.typed import BOUNDS, bounds
+
+    schema = load_schema(Path(__file__).resolve().parents[2] / "schemas" / "workflow_config.schema.yaml")
+    stage = schema["properties"]["campaign"]["properties"]["stages"]["items"]["properties"]
+    point = stage["points"]["items"]["properties"]
+    optimizer = {f.name: bounds(f) for f in fields(OptimizerConfig)}
+    optimizer["muon_lr"] = bounds(next(f for f in fields(MuonConfig) if f.name == "lr"))
+    assert optimizer["muon_lr"] == {"exclusiveMinimum": 0}
+    for key in GRID_KEYS:
+        assert bounds(next(f for f in fields(StageSection) if f.name == key)) == optimizer[key], key
+        assert {k: v for k, v in stage[key]["items"].items() if k in BOUNDS} == optimizer[key], key
+    for f in fields(GridPoint):
+        if f.name in optimizer:
+            assert bounds(f) == optimizer[f.name], f.name
+            assert {k: v for k, v in point[f.name].items() if k in BOUNDS} == optimizer[f.name], f.name
+
+
+def test_the_optimizer_names_are_one_list() -> None:
+    """A grid point names the optimizers the recipe knows, and the workflow schema the same ones."""
+    import typing
+    from dataclasses import fields
+
+    from tiny_llm.campaign.stages import GridPoint
+    from tiny_llm.config import OPTIMIZER_NAMES, OptimizerConfig
+    from tiny_llm.pipeline.schema import load_schema
+
+    hints = {cls: typing.get_type_hints(cls) for cls in (GridPoint, OptimizerConfig)}
+    point = [a for a in typing.get_args(hints[GridPoint]["name"]) if a is not type(None)]
+    assert typing.get_args(point[0]) == typing.get_args(hints[OptimizerConfig]["name"]) == OPTIMIZER_NAMES
+    schema = load_schema(Path(__file__).resolve().parents[2] / "schemas" / "workflow_config.schema.yaml")
+    stage = schema["properties"]["campaign"]["properties"]["stages"]["items"]["properties"]
+    assert tuple(stage["points"]["items"]["properties"]["name"]["enum"]) == OPTIMIZER_NAMES
+    assert {f.name for f in fields(GridPoint)} >= {"name", "muon_lr"}

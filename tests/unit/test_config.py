@@ -63,7 +63,7 @@ BAD_CASES = [
     (["training.micro_batch_size=32"], r"training\.micro_batch_size: 32 sequences exceed the 16 sequences"),
     (["training.checkpoint_policy=sometimes"], r"training\.checkpoint_policy: expected one of final, none"),
     (["training.epoch_tokens_per_parameter=5"], r"training\.epoch_tokens_per_parameter: larger than"),
-    (["model.vocab_size=70000"], r"model\.vocab_size: 70000 does not fit the uint16 token cache"),
+    (["model.vocab_size=70000"], r"model\.vocab_size: must be in \(0, 65,536\], got 70,000"),
     (["model.context_length=1.5"], r"model\.context_length: expected an integer, got float 1\.5"),
     (["runtime.device=gpu"], r"runtime\.device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["runtime.compile=2"], r"runtime\.compile: expected true or false, got int 2"),
@@ -169,6 +169,28 @@ def test_late_fields_at_default_leave_the_identity_unchanged() -> None:
     assert "lr_schedule" not in payload["optimizer"] and "decay_fraction" not in payload["optimizer"]
     wsd = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.lr_schedule=wsd"]))
     assert wsd["optimizer"]["lr_schedule"] == "wsd"
+
+
+def test_late_marks_only_fields_of_the_identity() -> None:
+    """An execution-only field is never in the identity, so a late mark on it would say nothing."""
+    import dataclasses
+
+    from tiny_llm.config import EXECUTION_ONLY_FIELDS, RecipeConfig
+
+    def late(cls: type, prefix: str) -> set[str]:
+        found = set()
+        for f in dataclasses.fields(cls):
+            found |= {f"{prefix}{f.name}"} if f.metadata.get("late") else set()
+            inner = [t for t in (f.type,) if isinstance(t, type) and dataclasses.is_dataclass(t)]
+            found |= late(inner[0], f"{prefix}{f.name}.") if inner else set()
+        return found
+
+    sections = {
+        f.name: f.default_factory for f in dataclasses.fields(RecipeConfig) if callable(f.default_factory)
+    }
+    marked = set().union(*(late(type(make()), f"{name}.") for name, make in sections.items()))
+    assert "optimizer.lr_schedule" in marked and "training.data_seed" in marked
+    assert not marked & EXECUTION_ONLY_FIELDS
 
 
 def test_data_passes_are_part_of_the_identity_only_when_set() -> None:

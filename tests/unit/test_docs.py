@@ -148,6 +148,28 @@ def test_the_docs_name_no_commit_ids() -> None:
         assert not found, f"{path.relative_to(ROOT)} names commit ids {found}: say what changed instead"
 
 
+REPO_FILE = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.\w+|Snakefile|README\.md)`")
+
+
+def test_extending_names_files_that_exist_for_every_change() -> None:
+    """docs/extending.md: each "Adding ..." section names the files its change touches, and every file named
+    exists (a placeholder such as ``rules/<stage>.smk`` is no file)."""
+    text = read(ROOT / "docs" / "extending.md")
+    changes = re.split(r"^## ", text, flags=re.M)[1:]
+    assert [c.split("\n", 1)[0] for c in changes] == [
+        "Adding an optimizer",
+        "Adding a model size",
+        "Adding a metric to the train rows",
+        "Adding a workflow stage",
+        "Adding a campaign axis",
+    ]
+    for change in changes:
+        named = REPO_FILE.findall(change)
+        assert named, change.split("\n", 1)[0]
+        missing = [path for path in named if not (ROOT / path).is_file()]
+        assert not missing, f"{change.splitlines()[0]}: {missing}"
+
+
 def test_the_link_reader_finds_inline_and_reference_links_outside_code(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(

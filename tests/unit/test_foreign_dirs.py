@@ -24,10 +24,9 @@ from tiny_llm.cli import main
 from tiny_llm.data.prepare import prepare_cache
 from tiny_llm.engines import run_training
 from tiny_llm.errors import ConfigError, DataError, RunStateError
-from tiny_llm.export.samples import write_samples_report
-from tiny_llm.io import OUTPUT_MARKER, REPLACED_INFIX, atomic_write_text
+from tiny_llm.io import REPLACED_INFIX, atomic_write_text
+from tiny_llm.output_dirs import OUTPUT_MARKER, claim_output_dir
 from tiny_llm.report import write_report
-from tiny_llm.report.horizons import write_horizons_report
 from tiny_llm.train import run_dir as run_dirs
 from tiny_llm.train.run_dir import LOCK_FILE, remove_stale_temps
 
@@ -131,29 +130,27 @@ def test_report_commands_mark_their_folders_and_write_there_again(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_reports_written_before_the_marker_are_recognised_and_inputs_beside_a_summary_are_fine(
+def test_an_unmarked_report_of_an_earlier_version_is_refused_and_inputs_beside_a_summary_are_fine(
     tmp_path: Path, capsys
 ) -> None:
-    commands = report_commands(tmp_path)
-    for command, argv in commands.items():  # a results/ tree of an earlier version: no marker
+    """A results tree belongs to the version that made it (docs/architecture.md): a report directory written
+    before reports were marked is refused in one line like any folder tiny-llm did not write, and kept."""
+    for command, argv in report_commands(tmp_path).items():  # an earlier version's results/: no marker
         out = tmp_path / "earlier" / command
         assert main([*argv, "--output-dir", str(out)]) == 0, command
         (out / OUTPUT_MARKER).unlink()
-        assert main([*argv, "--output-dir", str(out)]) == 0, command + capsys.readouterr().err
+        before = snapshot(out)
+        assert main([*argv, "--output-dir", str(out)]) == 2, command
+        assert one_error_line(capsys) == f"error: --output-dir {out} {FOREIGN}", command
+        assert snapshot(out) == before, command
     # the workflow's analysis layout: the jobs' directories, then their summary beside them
     jobs = [fake_result(tmp_path / "layout", "r", "final", 10, case) for case in ("seen", "unseen")]
     write_summary(jobs, jobs[0].parent)
     assert (jobs[0].parent / OUTPUT_MARKER).is_file() and (jobs[0].parent / "summary.csv").is_file()
-    # an earlier report's file names, but a comparison.json that is not ours
-    out = tmp_path / "lookalike"
-    before = users_folder(out, {"report.md": b"# mine\n", "comparison.json": b'[{"kind": 1}]'})
+    jobs = [fake_result(tmp_path / "mixed", "r", "final", 10, case) for case in ("seen", "unseen")]
+    (jobs[0].parent / "mine.txt").write_text("a file of mine beside the jobs")
     with pytest.raises(ConfigError, match="did not write"):
-        write_report(tmp_path / "in" / "runs", out)
-    with pytest.raises(ConfigError, match="did not write"):
-        write_samples_report([tmp_path / "in" / "exports" / "a"], out)
-    with pytest.raises(ConfigError, match="did not write"):
-        write_horizons_report([tmp_path / "in" / "runs" / "stage1" / "s-lr0.001-wd0.1"], out)
-    assert snapshot(out) == before
+        write_summary(jobs, jobs[0].parent)
 
 
 # ------------------------------------------------------------------------- 5 and 16: train
@@ -331,7 +328,7 @@ def test_the_fault_benchmark_refuses_a_foreign_workdir_and_marks_its_own(
 def test_file_modes_follow_the_umask(tmp_path: Path) -> None:
     """The helpers' own files (the marker) are as readable as any other."""
     out = tmp_path / "out"
-    io.claim_output_dir(out, "--output-dir")
+    claim_output_dir(out, "--output-dir")
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((out / OUTPUT_MARKER).stat().st_mode) == 0o666 & ~umask

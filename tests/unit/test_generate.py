@@ -14,7 +14,7 @@ from tiny_llm.data.tokenizer import load_tokenizer
 from tiny_llm.errors import ConfigError
 from tiny_llm.export.generate import generate, prompt_ids, sampling_distribution
 from tiny_llm.export.hf import export_model
-from tiny_llm.export.settings import SamplingConfig, load_prompts
+from tiny_llm.export.settings import SamplingConfig, load_prompts, sampling_from_dict
 from tiny_llm.export.weights import load_model
 from tiny_llm.model import KVCache, Llama
 
@@ -170,9 +170,12 @@ def test_prompts_start_a_document_with_eos_unless_asked_not_to() -> None:
 
 
 def test_settings_are_validated_with_one_line(tmp_path) -> None:
-    assert "top_p" in SamplingConfig(top_p=0).problems()[0]
-    with pytest.raises(ConfigError, match="temperature must be >= 0"):
-        SamplingConfig(temperature=-1).check()
+    with pytest.raises(ConfigError, match=r"^generate.top_p: must be in \(0, 1\], got 0$"):
+        sampling_from_dict({"top_p": 0}, "generate")
+    with pytest.raises(ConfigError, match="temperature: must be >= 0, got -1"):
+        sampling_from_dict({"temperature": -1}, "")
+    with pytest.raises(ConfigError, match="temperature: expected a finite number, got nan"):
+        sampling_from_dict({"temperature": float("nan")}, "")
     file = tmp_path / "prompts.yaml"
     file.write_text("prompts: [Once upon a time, The river]\nmax_new_tokens: 16\ntemperature: 0\n")
     prompts = load_prompts(file)
@@ -183,7 +186,7 @@ def test_settings_are_validated_with_one_line(tmp_path) -> None:
         ("prompts: []\n", "non-empty list of strings"),
         ("prompts: [a]\ntemprature: 1\n", "unknown key"),
         ("prompts: [a]\nmax_new_tokens: 1.5\n", "max_new_tokens: expected an integer"),
-        ("prompts: [a]\ntop_k: 0\n", "top_k must be >= 1"),
+        ("prompts: [a]\ntop_k: 0\n", "top_k: must be >= 1 or null, got 0"),
         ("{", "not valid YAML"),
     ):
         file.write_text(text)
@@ -210,7 +213,7 @@ def test_cli_generate_prints_text_or_json_reproducibly(tiny_run, model, tokenize
     )
     assert greedy["token_ids"] == expected.tokens and greedy["stop_reason"] == expected.stop_reason
     assert main([*argv, "--top-p", "1.5"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert "generate.top_p: must be in (0, 1], got 1.5" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
@@ -36,6 +37,8 @@ SUM_LINE = re.compile(r"^# budget sum: install (\d+) s \+ steps (\d+) s = (\d+) 
 
 
 def load_gpu_check():
+    if str(REPO / "benchmarks") not in sys.path:  # its runner and the reference figures are its siblings
+        sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module
@@ -303,3 +306,21 @@ def test_the_map_points_and_muon_records_are_read(tmp_path):
     record = gc.check_muon(setup, run_dir, [{}, {"stdout_log": str(cost)}])
     assert record["status"] == "ok" and record["muon_over_adamw_optimizer"] == 5.0
     assert "Muon 10.0 ms vs AdamW 2.0 ms (5.0x)" in record["detail"]
+
+
+def test_the_reference_figures_are_stated_once_and_the_configs_estimate_with_them():
+    """benchmarks/reference.py states the GH200 figures; the check uses them, and the workflow configs that
+    estimate GPU hours from them hold the same numbers (YAML cannot import them)."""
+    gc = load_gpu_check()
+    from reference import REFERENCE_TOKENS_PER_SECOND
+
+    assert gc.REFERENCE_TOKENS_PER_SECOND is REFERENCE_TOKENS_PER_SECOND
+    cluster = yaml.safe_load((REPO / "config" / "cluster.yaml").read_text())
+    assert cluster["campaign"]["throughput"] == REFERENCE_TOKENS_PER_SECOND
+    assert cluster["noise"]["throughput"] == REFERENCE_TOKENS_PER_SECOND["20m"]
+    for name in ("optimizers-20m.yaml", "sweep-20m.yaml"):
+        config = yaml.safe_load((REPO / "config" / name).read_text())
+        assert config["campaign"]["throughput"] == {"20m": REFERENCE_TOKENS_PER_SECOND["20m"]}, name
+    numbers = re.compile(r"1,?636,?281|871,?826|508,?930|1_636_281")
+    copies = [p.name for p in (REPO / "benchmarks").glob("*.py") if numbers.search(p.read_text())]
+    assert copies == ["reference.py"]

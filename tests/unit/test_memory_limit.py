@@ -122,5 +122,6 @@ def test_the_90_percent_guard_measures_against_the_cap_when_there_is_one(
 
 
 def test_a_non_positive_cap_is_refused() -> None:
-    with pytest.raises(ConfigError, match="runtime.memory_limit_mb: must be > 0"):
+    refusal = r"runtime.memory_limit_mb: must be in \(0, 16,777,216\] or null, got 0"
+    with pytest.raises(ConfigError, match=refusal):
         load_recipe(["tiny"], ["runtime.memory_limit_mb=0"])

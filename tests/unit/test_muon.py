@@ -41,33 +41,38 @@ def engine(*sets: str) -> ModelEngine:
 # ----------------------------------------------------------------------------- recipe keys
 
 
-def test_adamw_recipes_keep_their_identity_and_muon_enters_it() -> None:
+def test_adamw_recipes_keep_their_identity_and_muon_enters_it_with_its_section() -> None:
     plain = recipe_identity_payload(load_recipe(["tiny"]))["optimizer"]
-    assert "name" not in plain and not any(k.startswith("muon_") for k in plain)
+    assert "name" not in plain and "muon" not in plain
     assert recipe_identity_payload(load_recipe(["tiny"], ["optimizer.name=adamw"]))["optimizer"] == plain
-    muon = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.name=muon", "optimizer.muon_lr=0.02"]))
-    assert muon["optimizer"] == {**plain, "name": "muon", "muon_lr": 0.02}
+    muon = recipe_identity_payload(load_recipe(["tiny"], ["optimizer.name=muon", "optimizer.muon.lr=0.02"]))
+    section = {"momentum": 0.95, "nesterov": True, "ns_steps": 5, "adjust_lr_fn": "match_rms_adamw"}
+    expected = {**section, "lr": 0.02, "weight_decay": None}  # null: AdamW's
+    assert muon["optimizer"] == {**plain, "name": "muon", "muon": expected}
+    defaults = load_recipe(["tiny"], ["optimizer.name=muon"])  # no section: its defaults, written out
+    assert recipe_identity_payload(defaults)["optimizer"]["muon"] == {**expected, "lr": None}
+    assert defaults == load_recipe(["tiny"], ["optimizer.name=muon", "optimizer.muon={}"])
 
 
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["optimizer.muon_momentum=0.9"], "optimizer.muon_momentum: applies only under optimizer.name muon"),
-        (["optimizer.muon_adjust_lr_fn=original"], "optimizer.muon_adjust_lr_fn: applies only under"),
+        (["optimizer.muon.momentum=0.9"], "optimizer.muon: applies only under optimizer.name muon"),
+        (["optimizer.muon_lr=0.02"], "optimizer.muon_lr: is optimizer.muon.lr now (a section of its own)"),
         (["optimizer.name=sgd"], "optimizer.name: expected one of adamw, muon, got str 'sgd'"),
         (
-            ["optimizer.name=muon", "optimizer.muon_momentum=1.0"],
-            "optimizer.muon_momentum: must be in [0, 1)",
+            ["optimizer.name=muon", "optimizer.muon.momentum=1.0"],
+            "optimizer.muon.momentum: must be in [0, 1)",
         ),
-        (["optimizer.name=muon", "optimizer.muon_ns_steps=0"], "optimizer.muon_ns_steps: must be 1 to 99"),
-        (["optimizer.name=muon", "optimizer.muon_lr=0"], "optimizer.muon_lr: must be > 0"),
+        (["optimizer.name=muon", "optimizer.muon.ns_steps=0"], "optimizer.muon.ns_steps: must be in [1, 99]"),
+        (["optimizer.name=muon", "optimizer.muon.lr=0"], "optimizer.muon.lr: must be > 0 or null"),
         (
-            ["optimizer.name=muon", "optimizer.muon_weight_decay=-1"],
-            "optimizer.muon_weight_decay: must be >= 0",
+            ["optimizer.name=muon", "optimizer.muon.weight_decay=-1"],
+            "optimizer.muon.weight_decay: must be >= 0",
         ),
         (
-            ["optimizer.name=muon", "optimizer.muon_adjust_lr_fn=none"],
-            "optimizer.muon_adjust_lr_fn: expected",
+            ["optimizer.name=muon", "optimizer.muon.adjust_lr_fn=none"],
+            "optimizer.muon.adjust_lr_fn: expected",
         ),
     ],
 )
@@ -88,7 +93,7 @@ def test_packed_muon_is_a_recipe_and_a_captured_muon_update_is_refused_in_one_li
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
-    eng = engine("optimizer.muon_lr=0.02")
+    eng = engine("optimizer.muon.lr=0.02")
     opt = eng.optimizer
     assert isinstance(opt, MuonAdamW)
     names = {id(p): n for n, p in eng.model.named_parameters()}

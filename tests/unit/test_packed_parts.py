@@ -203,7 +203,10 @@ def test_packed_budget_epochs_are_multiples_of_num_models():
         ),
         (["decentralized.topology=star"], "decentralized.topology: expected one of"),
         (["decentralized.adaptive_consensus={start_frac: 2, p: 1}"], "adaptive_consensus"),
-        (["decentralized.adaptive_consensus={start_frac: 0.5, p: -1}"], "p >= 0"),
+        (
+            ["decentralized.adaptive_consensus={start_frac: 0.5, p: -1}"],
+            "adaptive_consensus.p: must be >= 0, got -1",
+        ),
     ],
 )
 def test_packed_config_errors(sets, needle):

@@ -321,7 +321,7 @@ def test_evaluate_run_dir_is_the_final_state_with_the_runs_recipe(
     from tiny_llm.cli import main
     from tiny_llm.engines import run_training
     from tiny_llm.io import read_json
-    from tiny_llm.train.metrics import TIMING_FIELDS
+    from tiny_llm.train.rows import TIMING_FIELDS
 
     run_dir = tmp_path / "run"
     recipe = small_recipe(tiny_cache, tiny_recipe_args, run_dir, "training.tokens_per_parameter=0.1")

@@ -62,7 +62,7 @@ def test_an_undefined_tuning_profile_names_the_config_that_defines_it() -> None:
 
 
 def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tiny_llm.pipeline.controller import failed_job_logs
+    from tiny_llm.pipeline.controller import failed_job_logs, where_to_look
 
     log = (
         "[Mon Nov 30]\nError in rule train_run:\n    jobid: 4\n    input: results/runs/a/recipe.yaml\n"
@@ -72,15 +72,20 @@ def test_failed_job_logs_and_where_to_look(tmp_path: Path, monkeypatch: pytest.M
     assert failed_job_logs(log) == ["logs/train_run/a.log", "logs/bench_packed/packed-n4-eager.log"]
     monkeypatch.chdir(tmp_path)
     plan = plan_of(shipped("workflow_config.yaml"))
-    assert plan.where_to_look() == []
+    assert where_to_look(plan) == []
     (tmp_path / "results/cpu-tuning").mkdir(parents=True)
     (tmp_path / "results/cpu-tuning/selected.yaml").write_text("{}")
-    assert plan.where_to_look() == ["  tuning    results/cpu-tuning/selected.yaml"]
+    assert where_to_look(plan) == ["  tuning    results/cpu-tuning/selected.yaml"]
     summary = Path(plan.analysis.summary_files("demo-s")[0])
-    for path in (summary, Path("results/report/horizons/loss-vs-horizon.png")):
-        path.parent.mkdir(parents=True)
+    horizons, throughput = "results/report/horizons/loss-vs-horizon.png", "results/throughput/throughput.md"
+    for path in (summary, Path(horizons), Path(throughput)):
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
-    assert plan.where_to_look()[1:] == [f"  analysis  {summary}", "  horizons  " + str(path)]
+    assert where_to_look(plan)[1:] == [
+        f"  analysis  {summary}",
+        f"  horizons  {horizons}",
+        f"  throughput {throughput}",
+    ]
 
 
 def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
@@ -96,7 +101,7 @@ def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
     assert quiet.default_targets("export") == [] and quiet.targets("export")
     assert plan.export.options() == "--dtype float32 --gguf" and quiet.export.options() == "--dtype float32"
     config["export"] = {"sampling": {"top_p": 2}}
-    with pytest.raises(ConfigError, match="export.sampling: top_p must be in"):
+    with pytest.raises(ConfigError, match=r"export.sampling.top_p: must be in \(0, 1\], got 2"):
         plan_of(config)
 
 
@@ -176,6 +181,8 @@ def test_tracking_reaches_training_jobs_through_the_environment_only() -> None:
 
 
 def test_closing_summary_names_the_best_run_per_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny_llm.pipeline.controller import best_run_lines, where_to_look
+
     monkeypatch.chdir(tmp_path)
     plan = plan_of(shipped("workflow_config.yaml"))
 
@@ -200,14 +207,14 @@ def test_closing_summary_names_the_best_run_per_size(tmp_path: Path, monkeypatch
     ]
     ranking.write_text(json.dumps(rows))
     (tmp_path / "results/exports/best-demo-l").mkdir(parents=True)
-    assert plan.best_run_lines() == [
+    assert best_run_lines(plan) == [
         "  best demo-s: results/runs/demo-s-wsd loss 4.2500, export not exported (snakemake export)",
         "  best demo-l: results/campaign/stage3/demo-l-a-s43 loss 3.7000, export results/exports/best-demo-l",
     ]
-    assert plan.where_to_look()[-2:] == plan.best_run_lines()
+    assert where_to_look(plan)[-2:] == best_run_lines(plan)
     (tmp_path / "results/campaign/stage1").mkdir(parents=True)
     (tmp_path / "results/campaign/stage1/ranking.json").write_text("{damaged")  # skipped, not fatal
-    assert len(plan.best_run_lines()) == 2
+    assert len(best_run_lines(plan)) == 2
 
 
 def test_a_run_id_with_a_trailing_newline_is_refused() -> None:

@@ -1,4 +1,4 @@
-"""io.replacing_directory: an output it cannot swap by a rename (the working directory, a mount point) is
+"""replacing_directory: an output it cannot swap by a rename (the working directory, a mount point) is
 refused in one line before anything is written, and a failed swap leaves no folder behind."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tiny_llm import io
+from tiny_llm import output_dirs
 from tiny_llm.errors import ConfigError
+from tiny_llm.output_dirs import OUTPUT_MARKER, replacing_directory
 
 
-def earlier_output(path: Path) -> dict[str, bytes]:
+def output_of_ours(path: Path) -> dict[str, bytes]:
     path.mkdir()
-    (path / io.OUTPUT_MARKER).write_text("written by tiny-llm\n")
+    (path / OUTPUT_MARKER).write_text("written by tiny-llm\n")
     (path / "model.safetensors").write_bytes(b"weights")
     return {p.name: p.read_bytes() for p in path.iterdir()}
 
@@ -24,10 +25,10 @@ def earlier_output(path: Path) -> dict[str, bytes]:
 def test_the_working_directory_is_refused_and_nothing_is_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool
 ) -> None:
-    before = earlier_output(tmp_path / "out")
+    before = output_of_ours(tmp_path / "out")
     monkeypatch.chdir(tmp_path / "out")
     for target in (".", "./", str(tmp_path / "out"), "..", str(tmp_path)):
-        with pytest.raises(ConfigError) as err, io.replacing_directory(target, force=True, marked=marked):
+        with pytest.raises(ConfigError) as err, replacing_directory(target, force=True, marked=marked):
             pytest.fail("nothing may be written")
         assert str(err.value) == (
             f"--output {Path(target)} is the working directory or holds it, which cannot be replaced; "
@@ -38,9 +39,9 @@ def test_the_working_directory_is_refused_and_nothing_is_left(
 
 
 def test_a_mount_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = earlier_output(tmp_path / "mnt")
-    monkeypatch.setattr(io.os.path, "ismount", lambda path: Path(path) == tmp_path / "mnt")
-    with pytest.raises(ConfigError) as err, io.replacing_directory(tmp_path / "mnt", force=True):
+    before = output_of_ours(tmp_path / "mnt")
+    monkeypatch.setattr(output_dirs.os.path, "ismount", lambda path: Path(path) == tmp_path / "mnt")
+    with pytest.raises(ConfigError) as err, replacing_directory(tmp_path / "mnt", force=True):
         pytest.fail("nothing may be written")
     assert str(err.value) == (
         f"--output {tmp_path / 'mnt'} is a mount point, which cannot be replaced; choose a new path under it"
@@ -50,7 +51,7 @@ def test_a_mount_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_swap_that_fails_leaves_no_old_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = earlier_output(tmp_path / "out")
+    before = output_of_ours(tmp_path / "out")
     real_replace = os.replace
 
     def busy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -58,8 +59,8 @@ def test_a_swap_that_fails_leaves_no_old_folder(tmp_path: Path, monkeypatch: pyt
             raise OSError(errno.EBUSY, "Device or resource busy")
         real_replace(src, dst)
 
-    monkeypatch.setattr(io.os, "replace", busy)
-    with pytest.raises(OSError, match="busy"), io.replacing_directory(tmp_path / "out", force=True) as tmp:
+    monkeypatch.setattr(output_dirs.os, "replace", busy)
+    with pytest.raises(OSError, match="busy"), replacing_directory(tmp_path / "out", force=True) as tmp:
         (tmp / "model.safetensors").write_bytes(b"new")
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -16,7 +16,7 @@ from tiny_llm.bench import worker
 from tiny_llm.bench.worker import WorkerOptions, run_worker
 from tiny_llm.config import dump_recipe, load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import OUTPUT_MARKER
+from tiny_llm.output_dirs import OUTPUT_MARKER
 from tiny_llm.tuning import throughput_map, tuner
 from tiny_llm.tuning.throughput_map import frontier, point_timeout, run_point, summarize, table
 
@@ -221,3 +221,17 @@ def test_a_folder_of_someone_elses_in_place_of_the_points_work_directory_is_refu
         "directory that tiny-llm did not write; move it away or choose another --output"
     )
     assert os.listdir(work) == ["worker.log"] and not output.exists()
+
+
+def test_a_point_is_one_mapping_of_recipe_keys_and_the_worker_gets_it_as_its_sets() -> None:
+    from tiny_llm.tuning.throughput_map import point_overrides, point_sets
+
+    assert point_sets(512, 2, 3_000, 121) == [
+        "model.context_length=512",
+        "training.micro_batch_size=2",
+        "training.batch_tokens=1024",
+        "training.tokens_per_parameter=41.30133333333333",
+        "training.epoch_tokens_per_parameter=41.30133333333333",
+    ]
+    by_sets = load_recipe(["tiny"], point_sets(64, 4, 7_777, 13))
+    assert by_sets == load_recipe(["tiny"], overrides=point_overrides(64, 4, 7_777, 13))

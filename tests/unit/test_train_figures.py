@@ -75,6 +75,32 @@ def test_elapsed_figures_exclude_the_final_validation_and_add_up_over_resumes(
     assert_reference_throughput_script_agrees(tmp_path / "run", result)
 
 
+def test_a_validation_left_pending_by_an_interruption_is_in_the_elapsed_time(
+    tmp_path: Path, tiny_cache: Path, tiny_recipe_args: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped inside the first epoch's validation, the run resumes with it pending: that validation, run on
+    resume before any update, is training's elapsed time as every subset validation is."""
+    device = use_async_device(monkeypatch, lambda d, n: d.queue(10.0))
+    _wrap_evaluate(monkeypatch, lambda split, result: device.host_work(100.0 * (split != "full")) or result)
+    recipe = small_recipe(tiny_cache, tiny_recipe_args, tmp_path / "run")  # 28 updates, 3 epochs
+    evaluate = loop.evaluate
+
+    def stopping_evaluate(*args: object, **kwargs: object) -> object:
+        signals.request_stop()  # the evaluation stops at its first batch: the epoch's validation is pending
+        return evaluate(*args, **kwargs)
+
+    started = time.perf_counter()
+    with monkeypatch.context() as mp:
+        mp.setattr(loop, "evaluate", stopping_evaluate)
+        assert run_training(recipe, resume="auto", quiet=True) == 130
+    assert checkpoint.load_state(tmp_path / "run" / checkpoint.LATEST)["progress"]["pending_epoch"] == 1
+    assert run_training(recipe, resume="auto", quiet=True) == 0
+    real = time.perf_counter() - started
+    simulated = 28 * 10 + 3 * 100  # every update and every subset validation, the pending one included
+    result = read_json(tmp_path / "run" / "result.json")
+    assert simulated <= result["training_elapsed_seconds"] < simulated + real
+
+
 def assert_reference_throughput_script_agrees(run_dir: Path, result: dict) -> None:
     """The reference's throughput script sums the train rows' window seconds and tokens: over a resumed run
     that gives the run's true tokens/s; the cumulative seconds have a name of their own."""

@@ -1,9 +1,10 @@
-"""The one typed-config builder (tiny_llm.typed) and the five validators that call it (torch-free)."""
+"""The one typed-config builder (tiny_llm.typed), the validators that call it and the ranges beside the fields
+(torch-free)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from tiny_llm.config import recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.export.settings import load_prompts, sampling_from_dict
 from tiny_llm.tuning.candidates import profile_from_dict
-from tiny_llm.typed import typed_from_dict
+from tiny_llm.typed import MOMENTUM, POSITIVE, out_of_bounds, typed_from_dict
 
 
 def stage_with(**keys: Any) -> Callable[[], Any]:
@@ -138,3 +139,42 @@ def test_the_builder_reads_numbers_as_people_write_them() -> None:
     built = typed_from_dict(Outer, {"count": "all", "rate": "1e-1", "pair": [2.0, True]}, "o")
     assert built == Outer(count="all", rate=0.1, pair=(2, True))
     assert typed_from_dict(Outer, {"count": "3", "inner": {"name": "x"}}, "").count == 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounded:
+    rate: float = field(default=0.5, metadata=MOMENTUM)
+    sizes: list[int] = field(default_factory=list, metadata=POSITIVE)
+    cap: int | None = field(default=None, metadata={**POSITIVE, "maximum": 10})
+    count: int | Literal["all"] = field(default=1, metadata={"minimum": 1})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"rate": 1}, "b.rate: must be in [0, 1), got 1"),
+        (
+            {"rate": "-1e-3", "count": 0},
+            "b.rate: must be in [0, 1), got -0.001; b.count: must be >= 1, got 0",
+        ),
+        ({"sizes": [1, 0, -2]}, "b.sizes[1]: must be > 0, got 0; b.sizes[2]: must be > 0, got -2"),
+        ({"cap": 11}, "b.cap: must be in (0, 10] or null, got 11"),
+        ({"cap": 10**400}, "b.cap: must be in (0, 10] or null, got an integer of 401 digits"),
+        ({"rate": float("nan"), "count": "all"}, "b.rate: expected a finite number, got nan"),
+        ({"rate": True}, "b.rate: expected a number, got bool True"),
+    ],
+)
+def test_a_range_beside_its_field_is_checked_before_the_value_is_converted(data: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        typed_from_dict(Bounded, data, "b")
+    assert str(info.value) == message
+
+
+def test_settings_made_from_flags_check_the_same_ranges() -> None:
+    flags = Bounded(rate=1.0, sizes=[0], cap=2**70, count="all")
+    assert out_of_bounds(flags, lambda name: f"--{name}") == [
+        "--rate: must be in [0, 1), got 1",
+        "--sizes[0]: must be > 0, got 0",
+        "--cap: must be below 2**63 in size, got an integer of 22 digits",
+    ]
+    assert out_of_bounds(Bounded()) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RecipeConfig, load_recipe
-from tiny_llm.train.metrics import TIMING_FIELDS
+from tiny_llm.train.rows import TIMING_FIELDS
 
 # 28 updates of 16 blocks in 3 epochs, each ending with a short update (5, 5 and 3 blocks).
 SMALL = [

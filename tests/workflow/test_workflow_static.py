@@ -171,7 +171,7 @@ def test_the_reference_72_run_sweep_dry_runs_to_72_training_jobs(tmp_path: Path)
 
 @pytest.mark.slow  # in-process: test_campaign.py::test_the_optimizer_study_estimates_12_runs
 def test_the_optimizer_study_dry_runs_to_12_training_jobs(tmp_path: Path) -> None:
-    """config/optimizers-20m.yaml: AdamW and Muon at three muon_lr, 3 seeds each, from one campaign plan."""
+    """config/optimizers-20m.yaml: AdamW and Muon at three muon.lr, 3 seeds each, from one campaign plan."""
     proc = snakemake(tmp_path, REPO / "config" / "optimizers-20m.yaml", "-n", "campaign")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = job_counts(proc.stdout)

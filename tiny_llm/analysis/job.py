@@ -46,17 +46,12 @@ from tiny_llm.analysis.settings import FORMAT, VERSION, AnalysisConfig, analysis
 from tiny_llm.analysis.stats import summarize
 from tiny_llm.config import RecipeConfig, identity_differences, load_recipe, recipe_identity
 from tiny_llm.data.cache import open_cache
-from tiny_llm.errors import DamagedFileError, RunStateError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_with,
-    claim_output_dir,
-    exclusive_lock,
-    read_json,
-)
+from tiny_llm.errors import RunStateError
+from tiny_llm.io import atomic_write_json, atomic_write_with, exclusive_lock, read_json
 from tiny_llm.model import Llama
-from tiny_llm.progress import progress_bar
+from tiny_llm.output_dirs import claim_output_dir
 from tiny_llm.runtime.device import setup_runtime, to_device
+from tiny_llm.terminal import progress_bar
 
 _NOISE_STREAM = 4
 Log = Callable[[str], None]
@@ -99,22 +94,6 @@ def noise_batches(num_batches: int, settings: AnalysisConfig) -> list[int]:
 
 def sample_name(kind: str, index: int) -> str:
     return f"{kind}-{index:03d}.json" if kind == "consensus" else f"{kind}-{index:04d}.json"
-
-
-ANALYSIS_ENTRIES = {"manifest.json", "result.json", "samples", "state", ".lock"}
-"""What an analysis directory holds (check_output_dir's ``ours``, for one written before it was marked)."""
-
-
-def earlier_analysis(output: Path) -> bool:
-    """An analysis directory written before analyses were marked: only its entries, its manifest ours."""
-    manifest = output / "manifest.json"
-    if not manifest.is_file() or not {e.name for e in output.iterdir()} <= ANALYSIS_ENTRIES:
-        return False
-    try:
-        record = read_json(manifest)
-    except (OSError, DamagedFileError):  # unreadable: not ours to write over
-        return False
-    return isinstance(record, dict) and record.get("format") == FORMAT
 
 
 class AnalysisJob:
@@ -220,7 +199,7 @@ class AnalysisJob:
     # ------------------------------------------------------------------ the computation
 
     def run(self) -> dict[str, Any]:
-        claim_output_dir(self.output, "--output", ours=earlier_analysis)  # a user's folder: refused, kept
+        claim_output_dir(self.output, "--output")  # a user's folder: refused, kept
         with exclusive_lock(self.output / ".lock", f"analysis directory {self.output}"):
             finished = self.check_output()
             if finished is not None:

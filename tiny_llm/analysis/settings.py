@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
+from tiny_llm.typed import NON_NEGATIVE, out_of_bounds
 
 FORMAT, VERSION = "tiny-llm-analysis", 2  # 2: the reference's statistic names, matmul precision
 EXECUTION_FIELDS = frozenset({"hvp_batch_size", "directions_per_pass", "device", "threads"})
@@ -19,11 +20,11 @@ EXECUTION_FIELDS = frozenset({"hvp_batch_size", "directions_per_pass", "device",
 class AnalysisConfig:
     case: Literal["seen", "unseen"]
     """seen: the run's first epoch replayed in training order; unseen: an epoch of blocks after the budget."""
-    noise_samples: int | Literal["all"] = 32
+    noise_samples: int | Literal["all"] = field(default=32, metadata={"minimum": 1})
     """S: effective batches whose gradient noise is measured (all: every batch of the epoch)."""
-    random_samples: int = 32
+    random_samples: int = field(default=32, metadata=NON_NEGATIVE)
     """R: Rademacher directions of the isotropic reference (0: none)."""
-    seed: int = 42
+    seed: int = field(default=42, metadata=NON_NEGATIVE)
     """Chooses the noise batches and the Rademacher directions."""
     dtype: Literal["float32", "float64"] = "float32"
     """Parameters, directions and every derivative (the attention and the loss are FP32 at least)."""
@@ -33,31 +34,20 @@ class AnalysisConfig:
     """Packed runs: also e_i^T H e_i of every worker's consensus error e_i = x_i - mean."""
     tf32: bool = True
     """FP32 matmuls on CUDA may use TF32 (the runtime's setting); False: IEEE FP32 (--no-tf32)."""
-    hvp_batch_size: int | None = None
+    hvp_batch_size: int | None = field(default=None, metadata={"minimum": 1})
     """Sequences per microbatch of the Hessian passes (None: the run's training.micro_batch_size)."""
-    directions_per_pass: int = 8
+    directions_per_pass: int = field(default=8, metadata={"minimum": 1})
     """Directions whose Hessian-vector products share one pass over the epoch (memory: one vector each)."""
     device: str | None = None
     """None: the run's runtime.device."""
-    threads: int | None = None
+    threads: int | None = field(default=None, metadata={"minimum": 1})
     """CPU threads (None: the run's runtime.cpu_threads)."""
 
     def __post_init__(self) -> None:
-        problems = []  # the ranges only: case, dtype and every type are the builder's (tiny_llm.typed)
-        if self.noise_samples != "all" and self.noise_samples < 1:
-            problems.append(f"--noise-samples: {self.noise_samples!r} is neither a positive count nor all")
-        if self.random_samples < 0:
-            problems.append(f"--random-samples: {self.random_samples} is negative")
-        if not 0 <= self.seed < 2**63:
-            problems.append(f"--seed: {self.seed} is outside [0, 2**63)")
+        # The ranges of settings made from the command's flags (the builder checks them first otherwise).
+        problems = out_of_bounds(self, lambda name: f"--{name.replace('_', '-')}")
         if self.amp and self.dtype != "float32":
             problems.append("--amp: BF16 autocast needs --dtype float32")
-        if self.hvp_batch_size is not None and self.hvp_batch_size < 1:
-            problems.append(f"--hvp-batch-size: {self.hvp_batch_size} is not positive")
-        if self.directions_per_pass < 1:
-            problems.append(f"--directions-per-pass: {self.directions_per_pass} is not positive")
-        if self.threads is not None and self.threads < 1:
-            problems.append(f"--threads: {self.threads} is not positive")
         if problems:
             raise ConfigError("; ".join(problems))
 

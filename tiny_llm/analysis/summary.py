@@ -16,20 +16,12 @@ import csv
 import hashlib
 import io
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    canonical_json,
-    check_output_dir,
-    claim_output_dir,
-    holds_earlier_output,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, canonical_json, read_json
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.train.metrics import read_metrics
 
 COLUMNS = (
@@ -261,21 +253,6 @@ def draw_norms(rows: list[dict[str, Any]], logged: list[tuple[int, float]]) -> A
 SUMMARY_FORMAT = "tiny-llm-analysis-summary"
 
 
-def earlier_summary(inputs: list[str | Path]) -> Callable[[Path], bool]:
-    """Whether an output directory holds nothing but the analysis jobs in ``inputs`` (the workflow's layout:
-    the jobs' directories, then their summary beside them) and a summary written before summaries were
-    marked (its manifest.json ours)."""
-    jobs = [Path(path) if Path(path).is_dir() else Path(path).parent for path in inputs]
-
-    def recognised(path: Path) -> bool:
-        return path.name != "manifest.json" or read_json(path)["format"] == SUMMARY_FORMAT
-
-    def ours(out: Path) -> bool:
-        return holds_earlier_output(out, ["summary.csv", "manifest.json", *FIGURES], recognised, jobs)
-
-    return ours
-
-
 def write_summary(
     inputs: list[str | Path], output_dir: str | Path, metrics: str | Path | None = None
 ) -> dict[str, Any]:
@@ -284,8 +261,9 @@ def write_summary(
 
     if not inputs:
         raise DataError("analysis-summary: no --inputs given")
-    ours = earlier_summary(inputs)
-    check_output_dir(output_dir, "--output-dir", ours=ours)
+    # the workflow's layout: the jobs' directories, then their summary beside them
+    jobs = [Path(path) if Path(path).is_dir() else Path(path).parent for path in inputs]
+    check_output_dir(output_dir, "--output-dir", inputs=jobs)
     results = [load_result(path) for path in inputs]
     rows = summary_rows(results)
     seen: dict[tuple[str, str, str], str] = {}
@@ -295,7 +273,7 @@ def write_summary(
         if key in seen:
             raise DataError(f"analysis-summary: {path} and {seen[key]} both analyse {'/'.join(key)}")
         seen[key] = str(path)
-    out = claim_output_dir(output_dir, "--output-dir", ours=ours)
+    out = claim_output_dir(output_dir, "--output-dir", inputs=jobs)
     atomic_write_text(out / "summary.csv", csv_text(rows))
     logged = training_norms(Path(metrics) if metrics else None)
     save_png(draw_alignment(rows), out / "alignment.png")

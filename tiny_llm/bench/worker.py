@@ -28,7 +28,6 @@ from tiny_llm.budget import flops_per_token, lr_at, make_budget
 from tiny_llm.config import RecipeConfig, recipe_identity
 from tiny_llm.engines import build_engine
 from tiny_llm.errors import ConfigError, DataError, TinyLLMError, out_of_memory_line
-from tiny_llm.progress import counted
 from tiny_llm.runtime.device import (
     attention_kernels,
     check_cuda_graph,
@@ -40,6 +39,7 @@ from tiny_llm.runtime.engine import NonFiniteError
 from tiny_llm.runtime.environment import capture_environment
 from tiny_llm.runtime.memory import memory_limit
 from tiny_llm.runtime.mfu import Peak, device_peak, matmul_precision, mfu
+from tiny_llm.terminal import counted
 from tiny_llm.train.distributed import check_one_process
 
 MEMORY_LIMIT_FRACTION = 0.9
@@ -275,8 +275,7 @@ def _run_protocol(
     out["seconds_per_step"] = best["seconds"] / options.steps
     out["tokens_per_second"] = best["tokens_per_second"]
     # A replayed CUDA graph never moves the allocator's peak: the capture's is the floor (the 90% guard).
-    floor = getattr(engine, "replay_peak_bytes", lambda: 0)()
-    out["peak_memory_bytes"] = max(peak_memory_bytes(device), floor)
+    out["peak_memory_bytes"] = max(peak_memory_bytes(device), engine.replay_peak_bytes())
     return update
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.campaign.significance import StageNoise, place_fields, stage_noise
+from tiny_llm.config import OptimizerLabel
 from tiny_llm.io import read_json
 
 DEFAULT_BETA1 = 0.9
@@ -36,10 +37,8 @@ class RunOutcome:
     configuration: str = ""
     """The configuration the run is a seed of ('' = a configuration of its own)."""
     seed: int | None = None
-    name: str = "adamw"
-    """optimizer.name of the run."""
-    muon_lr: float | None = None
-    """Under muon: the peak LR of the hidden matrices (optimizer.muon_lr, else lr); None under adamw."""
+    optimizer: OptimizerLabel = OptimizerLabel()
+    """Its optimizer's name and, under muon, the hidden matrices' peak LR."""
     bpb: float | None = None
     """Final full-validation bits per byte (None when missing: a run from before it was measured)."""
 
@@ -137,12 +136,8 @@ class ConfigurationOutcome:
         return self._first().beta2
 
     @property
-    def name(self) -> str:
-        return self._first().name
-
-    @property
-    def muon_lr(self) -> float | None:
-        return self._first().muon_lr
+    def optimizer(self) -> OptimizerLabel:
+        return self._first().optimizer
 
 
 def configuration_key(c: ConfigurationOutcome) -> tuple:
@@ -151,13 +146,12 @@ def configuration_key(c: ConfigurationOutcome) -> tuple:
     1. the mean final loss over its seeds (inf once a seed diverged, so it ranks after every finished one);
     2. fewer diverged seeds;
     3. the mean loss of its finished seeds;
-    4. lr, weight decay, beta1, beta2 (lower first), then AdamW before Muon and the lower muon_lr, then the
-       configuration id.
+    4. lr, weight decay, beta1, beta2 (lower first), then the optimizer (AdamW before Muon, then the lower
+       Muon LR: ``OptimizerLabel.sort_key``), then the configuration id.
     """
     finished = [x for x in c.losses if math.isfinite(x)]
     rest = statistics.fmean(finished) if finished else math.inf
-    muon_lr = -math.inf if c.muon_lr is None else c.muon_lr
-    tail = (c.beta2, c.name, muon_lr, c.configuration)
+    tail = (c.beta2, *c.optimizer.sort_key(), c.configuration)
     return (c.mean, len(c.diverged), rest, c.lr, c.weight_decay, c.beta1, *tail)
 
 
@@ -208,18 +202,9 @@ def outcome_from(
         opt.get("beta1", DEFAULT_BETA1),
         configuration,
         seed,
-        *optimizer_name(opt),
+        OptimizerLabel.of(opt),
         final_bpb(result),
     )
-
-
-def optimizer_name(opt: Mapping[str, Any]) -> tuple[str, float | None]:
-    """(optimizer.name, the effective muon_lr: its own, else lr; None under adamw) of an optimizer block."""
-    name = str(opt.get("name") or "adamw")
-    if name == "adamw":
-        return name, None
-    muon_lr = opt.get("muon_lr")
-    return name, float(opt["lr"] if muon_lr is None else muon_lr)
 
 
 def _finite(value: float) -> float | None:
@@ -259,7 +244,7 @@ def ranking_rows(ranked: Sequence[ConfigurationOutcome], promoted: int | None = 
                 "weight_decay": c.weight_decay,
                 "beta1": c.beta1,
                 "beta2": c.beta2,
-                **({} if c.name == "adamw" else {"name": c.name, "muon_lr": c.muon_lr}),
+                **c.optimizer.fields(),
                 **_noise_fields(c, i, noise),
             }
         )

@@ -5,16 +5,18 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from tiny_llm.config import MuonConfig, OptimizerConfig, OptimizerName
 from tiny_llm.errors import ConfigError
-from tiny_llm.typed import typed_from_dict
+from tiny_llm.typed import NON_NEGATIVE, bounds, typed_from_dict
 
 # The optimizer keys a stage may vary, in the tie order of a ranking (after the loss) and of a run id.
 GRID_KEYS = ("lr", "weight_decay", "beta1", "beta2")
 POINT_KEYS = (*GRID_KEYS, "name", "muon_lr")
-"""The keys an explicit grid point may set: the grid keys, then the optimizer's name and Muon's peak LR."""
+"""The keys an explicit grid point may set: the grid keys, then the optimizer's name and Muon's peak LR
+(``muon_lr``: the optimizer's ``muon.lr``; ``optimizer_values``)."""
 _ID_PARTS = {
     "lr": "lr{}",
     "weight_decay": "wd{}",
@@ -65,9 +67,9 @@ class StageConfig:
 class TieRule:
     """``campaign.promotion.resolve_ties``: seeds added where a promotion cut is inside the noise."""
 
-    extra_seeds: int
+    extra_seeds: int = field(metadata={"minimum": 1})
     """Seeds added per round to every configuration on either side of the cut (``significance.contested``)."""
-    max_rounds: int = 1
+    max_rounds: int = field(default=1, metadata={"minimum": 1})
     """Rounds of extra seeds at most; the top configurations by mean go on after the last, held or not."""
 
 
@@ -107,18 +109,32 @@ def stage_name(index: int) -> str:
     return f"stage{index + 1}"
 
 
+def optimizer_range(key: str) -> Any:
+    """A grid key's values range as the optimizer's field does (its bounds live there; muon_lr: muon.lr's)."""
+    section, name = (MuonConfig, "lr") if key == "muon_lr" else (OptimizerConfig, key)
+    return field(default=None, metadata=bounds(next(f for f in fields(section) if f.name == name)))
+
+
+def optimizer_values(point: Mapping[str, float | str]) -> dict[str, Any]:
+    """A grid point's values as keys of an optimizer block (``muon_lr`` is its ``muon.lr``)."""
+    values: dict[str, Any] = {k: v for k, v in point.items() if k != "muon_lr"}
+    if "muon_lr" in point:
+        values["muon"] = {"lr": point["muon_lr"]}
+    return values
+
+
 @dataclass(frozen=True, kw_only=True)
 class GridPoint:
     """One explicit grid point as written: some of the optimizer keys a stage varies."""
 
-    lr: float | None = None
-    weight_decay: float | None = None
-    beta1: float | None = None
-    beta2: float | None = None
-    name: Literal["adamw", "muon"] | None = None
+    lr: float | None = optimizer_range("lr")
+    weight_decay: float | None = optimizer_range("weight_decay")
+    beta1: float | None = optimizer_range("beta1")
+    beta2: float | None = optimizer_range("beta2")
+    name: OptimizerName | None = None
     """optimizer.name of the point (adamw, the default, is left out of its run id)."""
-    muon_lr: float | None = None
-    """optimizer.muon_lr: peak LR of the hidden matrices under muon."""
+    muon_lr: float | None = optimizer_range("muon_lr")
+    """optimizer.muon.lr: peak LR of the hidden matrices under muon."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,30 +142,19 @@ class StageSection:
     """One entry of ``campaign.stages`` as written; ``_stage`` checks its values and makes a StageConfig."""
 
     size: str
-    lr: list[float] | None = None
-    weight_decay: list[float] | None = None
-    beta1: list[float] | None = None
-    beta2: list[float] | None = None
+    lr: list[float] | None = optimizer_range("lr")
+    weight_decay: list[float] | None = optimizer_range("weight_decay")
+    beta1: list[float] | None = optimizer_range("beta1")
+    beta2: list[float] | None = optimizer_range("beta2")
     points: list[GridPoint] | None = None
-    parents: int | None = None
-    seeds: list[int] | None = None
+    parents: int | None = field(default=None, metadata={"minimum": 1})
+    seeds: list[int] | None = field(default=None, metadata=NON_NEGATIVE)
 
 
 def _numbers(values: list[float], key: str) -> tuple[float, ...]:
     if not values:
         raise ConfigError(f"{key}: expected a non-empty list of numbers, got {values!r}")
-    name = key.rpartition(".")[2]
-    return tuple(_grid_value(name, item, key) for item in _distinct(values, key))
-
-
-def _grid_value(name: str, item: float, key: str) -> float:
-    """A grid value in range: lr and muon_lr positive, weight decay non-negative, a beta in [0, 1)."""
-    positive = name in ("lr", "muon_lr")
-    if item < 0 or (positive and item == 0):
-        raise ConfigError(f"{key}: expected {'positive' if positive else 'non-negative'} numbers, got {item}")
-    if name.startswith("beta") and item >= 1:
-        raise ConfigError(f"{key}: expected numbers below 1, got {item}")
-    return item
+    return tuple(_distinct(values, key))
 
 
 def _distinct(values: list[Any], key: str) -> list[Any]:
@@ -161,8 +166,8 @@ def _distinct(values: list[Any], key: str) -> list[Any]:
 def _seeds(value: list[int] | None, key: str) -> tuple[int, ...]:
     if value is None:
         return ()
-    if not value or any(item < 0 for item in value):
-        raise ConfigError(f"{key}: expected a non-empty list of non-negative integers, got {value!r}")
+    if not value:
+        raise ConfigError(f"{key}: expected a non-empty list of seeds, got {value!r}")
     return tuple(_distinct(value, key))
 
 
@@ -174,13 +179,7 @@ def _points(value: list[GridPoint], key: str) -> tuple[tuple[tuple[str, float | 
         given = {k: v for k, v in vars(point).items() if v is not None}
         if not given:
             raise ConfigError(f"{key}[{i}]: name some of {', '.join(POINT_KEYS)}")
-        points.append(
-            tuple(
-                (k, given[k] if k == "name" else _grid_value(k, given[k], f"{key}[{i}].{k}"))
-                for k in POINT_KEYS
-                if k in given
-            )
-        )
+        points.append(tuple((k, given[k]) for k in POINT_KEYS if k in given))
     return tuple(_distinct(points, key))
 
 
@@ -203,8 +202,8 @@ def _stage(raw: Any, index: int) -> StageConfig:
         if section.parents is not None:
             raise ConfigError(f"{key}.parents: the first stage has no stage before it to promote from")
         return StageConfig(size=section.size, points=points, seeds=seeds, **grid)
-    if section.parents is None or section.parents < 1:
-        raise ConfigError(f"{key}.parents: expected a positive integer, got {section.parents!r}")
+    if section.parents is None:
+        raise ConfigError(f"{key}.parents: expected a positive integer, got None")
     return StageConfig(size=section.size, parents=section.parents, points=points, seeds=seeds, **grid)
 
 
@@ -259,12 +258,6 @@ def _tie_rule(raw: Any, stages: Sequence[StageConfig]) -> TieRule | None:
     rule = typed_from_dict(PromotionSection, raw or {}, "campaign.promotion").resolve_ties
     if rule is None:
         return None
-    for key in ("extra_seeds", "max_rounds"):
-        value = getattr(rule, key)
-        if value < 1:
-            raise ConfigError(
-                f"campaign.promotion.resolve_ties.{key}: expected a positive integer, got {value}"
-            )
     for i in range(len(stages)):
         clash = [r for r in stage_run_ids_of(stages, i) if parse_tie_run(r)]
         if clash:

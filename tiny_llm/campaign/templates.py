@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tiny_llm.campaign.stages import CampaignConfig, PlannedRun, planned_runs, run_dir, stage_name
+from tiny_llm.campaign.stages import (
+    CampaignConfig,
+    PlannedRun,
+    optimizer_values,
+    planned_runs,
+    run_dir,
+    stage_name,
+)
 from tiny_llm.config import (
     deep_merge,
     identity_differences,
@@ -104,7 +111,10 @@ def _run_recipe(template: Mapping[str, Any], optimizer: Mapping[str, Any], run: 
 def stage1_recipes(config: CampaignConfig, template: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Run id -> complete recipe for every grid point and seed of stage 1."""
     runs = planned_runs(config)[stage_name(0)]
-    return {r.run_id: _run_recipe(template, r.optimizer, r, run_dir(config, r.stage, r.run_id)) for r in runs}
+    return {
+        r.run_id: _run_recipe(template, optimizer_values(r.optimizer), r, run_dir(config, r.stage, r.run_id))
+        for r in runs
+    }
 
 
 def child_recipes(
@@ -127,6 +137,6 @@ def child_recipes(
     for run in runs:
         if run.parent_rank is None:
             raise RunStateError(f"{run.run_id}: a stage-{stage_index + 1} run has no parent rank")
-        optimizer = {**parents[run.parent_rank]["optimizer"], **run.optimizer}
+        optimizer = deep_merge(dict(parents[run.parent_rank]["optimizer"]), optimizer_values(run.optimizer))
         out[run.run_id] = _run_recipe(template, optimizer, run, run_dir(config, run.stage, run.run_id))
     return out

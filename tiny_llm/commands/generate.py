@@ -6,7 +6,7 @@ import argparse
 import json
 
 from tiny_llm.commands.export import add_source_arguments, resolve_source
-from tiny_llm.export.settings import SamplingConfig
+from tiny_llm.export.settings import SamplingConfig, sampling_from_dict
 
 DEFAULTS = SamplingConfig()
 
@@ -33,14 +33,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = SamplingConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k or None,
-        top_p=args.top_p,
-        seed=args.seed,
-        document_start=not args.no_document_start,
-    ).check("generate")
+    flags = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k or None,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "document_start": not args.no_document_start,
+    }
+    settings = sampling_from_dict(flags, "generate")
     recipe, checkpoint = resolve_source(args)
     from tiny_llm.export.generate import continue_text
 

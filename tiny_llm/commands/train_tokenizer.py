@@ -18,7 +18,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tiny_llm.data.sources import resolve_source
     from tiny_llm.data.tokenizer import train_tokenizer
-    from tiny_llm.io import check_replaceable
+    from tiny_llm.output_dirs import check_replaceable
 
     check_replaceable(args.output, force=args.force)  # before reading any text
     started = time.perf_counter()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import check_replaceable, replacing_directory
+from tiny_llm.output_dirs import check_replaceable, replacing_directory
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 LEE_FILE = "lee_background.cor"

@@ -42,7 +42,8 @@ from tiny_llm.data.tokenizer import (
     load_tokenizer,
 )
 from tiny_llm.errors import DataError, DiskFullError
-from tiny_llm.io import OUTPUT_MARKER, atomic_write_json, exclusive_lock, fsync_dir, is_disk_full
+from tiny_llm.io import atomic_write_json, exclusive_lock, fsync_dir, is_disk_full
+from tiny_llm.output_dirs import OUTPUT_MARKER
 
 T = TypeVar("T")
 PREFETCH_BATCHES = 8

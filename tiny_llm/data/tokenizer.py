@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import canonical_json, replacing_directory
+from tiny_llm.io import canonical_json
+from tiny_llm.output_dirs import replacing_directory
 
 MAX_UINT16_VOCAB = 65536
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "<|end_of_text|>")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tiny_llm.io import OUTPUT_MARKER
+from tiny_llm.output_dirs import OUTPUT_MARKER
 
 EXPORT_FILE = "tiny_llm_export.json"
 EXPORT_FORMAT = "tiny-llm-export"

@@ -33,10 +33,11 @@ from tiny_llm.export.generate import generate, prompt_ids
 from tiny_llm.export.settings import PromptSet, SamplingConfig
 from tiny_llm.export.tokenizer import TokenizerFacts, export_tokenizer, set_bos_token
 from tiny_llm.export.weights import checkpoint_state_dict, to_hf_state_dict
-from tiny_llm.io import check_replaceable, read_json, replacing_directory
+from tiny_llm.io import read_json
 from tiny_llm.model import Llama
-from tiny_llm.progress import counted
+from tiny_llm.output_dirs import check_replaceable, replacing_directory
 from tiny_llm.runtime.engine import write_safetensors
+from tiny_llm.terminal import counted
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BOS_SCAN_TOKENS = 16_777_216

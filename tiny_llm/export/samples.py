@@ -17,14 +17,8 @@ from typing import Any
 
 from tiny_llm.errors import DataError
 from tiny_llm.export.card import EXPORT_FILE, EXPORT_FORMAT
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    holds_earlier_output,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.report.tables import TABLE_CSS
 
 MODEL_HEADER = ("Model", "Parameters", "Weights", "Tokens", "Final loss", "dtype", "Directory")
@@ -186,27 +180,14 @@ def markdown(rows: list[dict[str, Any]], exports: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-SAMPLES_FILES = ("exports.json", "exports.md", "models.html", "samples.html")
-
-
-def earlier_samples_report(out: Path) -> bool:
-    """A samples report written before reports were marked: only its files, exports.json's rows ours."""
-
-    def recognised(path: Path) -> bool:
-        rows = read_json(path)
-        return isinstance(rows, list) and all({"model", "weights", "directory"} <= row.keys() for row in rows)
-
-    return holds_earlier_output(out, SAMPLES_FILES, recognised)
-
-
 def write_samples_report(export_dirs: list[str | Path], out_dir: str | Path) -> dict[str, Any]:
     """Write models.html, samples.html, exports.md and exports.json for the given export directories."""
     if not export_dirs:
         raise DataError("no export directories given")
-    check_output_dir(out_dir, "--output-dir", ours=earlier_samples_report)
+    check_output_dir(out_dir, "--output-dir")
     exports = [load_export(d) for d in export_dirs]
     rows = [model_row(meta) for meta in exports]
-    out = claim_output_dir(out_dir, "--output-dir", ours=earlier_samples_report)
+    out = claim_output_dir(out_dir, "--output-dir")
     atomic_write_json(out / "exports.json", rows)
     atomic_write_text(out / "exports.md", markdown(rows, exports))
     atomic_write_text(out / "models.html", models_html(rows))

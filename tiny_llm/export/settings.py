@@ -12,7 +12,6 @@ A prompt file is YAML: either a list of prompts, or a mapping with ``prompts`` a
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import yaml
 
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import parse_yaml
-from tiny_llm.typed import show_number, typed_from_dict
+from tiny_llm.typed import NON_NEGATIVE, typed_from_dict
 
 MAX_NEW_TOKENS = 2**20
 """More new tokens than any context here holds (generation stops when the context is full): a typo."""
@@ -31,42 +30,20 @@ MAX_NEW_TOKENS = 2**20
 class SamplingConfig:
     """How new tokens are chosen (the semantics of transformers' temperature, top-k and top-p warpers)."""
 
-    max_new_tokens: int = field(default=64, metadata={"maximum": MAX_NEW_TOKENS})
+    max_new_tokens: int = field(default=64, metadata={"minimum": 0, "maximum": MAX_NEW_TOKENS})
     """Tokens to generate at most (fewer at EOS or when the context is full); at most 2**20."""
-    temperature: float = 0.8
+    temperature: float = field(default=0.8, metadata=NON_NEGATIVE)
     """Softmax temperature; 0 = greedy (argmax)."""
-    top_k: int | None = 50
+    top_k: int | None = field(default=50, metadata={"minimum": 1})
     """Keep the k most likely tokens; null = all."""
-    top_p: float = 0.95
+    top_p: float = field(default=0.95, metadata={"exclusiveMinimum": 0, "maximum": 1})
     """Then keep the smallest most-likely set holding this probability mass; 1 = all."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=NON_NEGATIVE)
     """Seed of the sampling generator (on the host, so a seed means the same draws on every device)."""
     stop_at_eos: bool = True
     """Stop after the model writes EOS (the EOS token is part of the output)."""
     document_start: bool = True
     """Put EOS before the prompt: in training every document starts right after an EOS."""
-
-    def problems(self) -> list[str]:
-        out = []
-        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            out.append(
-                f"max_new_tokens must be 0 to {MAX_NEW_TOKENS:,}, got {show_number(self.max_new_tokens)}"
-            )
-        if not math.isfinite(self.temperature) or self.temperature < 0:  # the CLI's floats may be nan
-            out.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            out.append(f"top_k must be >= 1 or null, got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            out.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.seed < 2**63:
-            out.append(f"seed must be in [0, 2**63), got {self.seed}")
-        return out
-
-    def check(self, where: str = "sampling") -> SamplingConfig:
-        problems = self.problems()
-        if problems:
-            raise ConfigError(f"{where}: " * bool(where) + "; ".join(problems))
-        return self
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,7 +59,7 @@ class PromptSet:
 
 def sampling_from_dict(data: dict[str, Any], where: str) -> SamplingConfig:
     """A checked SamplingConfig (``where``: the section's dotted key, or "" at a file's top level)."""
-    return typed_from_dict(SamplingConfig, data, where).check(where)
+    return typed_from_dict(SamplingConfig, data, where)
 
 
 def load_prompts(path: str | Path) -> PromptSet:

@@ -231,9 +231,14 @@ class PackedEngine:
         self.model.grad_arena.zero_()
         return kernels
 
-    def row_fields(self, tokens: int) -> dict[str, Any]:
-        """Cumulative facts of a train row; ``tokens`` is the run's so far over all workers."""
-        return {"tokens_per_model": tokens // self.num_models}
+    def row_fields(self, stats: StepStats, tokens: int) -> dict[str, Any]:
+        """The last update's workers and mixing (``stats.extra``), then the cumulative tokens per model;
+        ``tokens`` is the run's so far over all workers."""
+        return {**stats.extra, "tokens_per_model": tokens // self.num_models}
+
+    def replay_peak_bytes(self) -> int:
+        """No captured update (runtime.cuda_graph is refused for packed runs): no floor."""
+        return 0
 
     def result_fields(self, tokens: int) -> dict[str, Any]:
         """The packed run's facts for result.json; ``tokens`` is the run's total over all workers."""

@@ -95,7 +95,7 @@ class PackedMuon:
         self.params, self.grads, self.fused = params, grads, fused
         self.split, self.groups = shape_groups(layout)
         settings = muon_settings(config)
-        self.lr_scale = settings["lr"] / config.lr  # as set_lr: Muon peaks at muon_lr
+        self.lr_scale = settings["lr"] / config.lr  # as set_lr: Muon peaks at muon.lr
         self.momentum, self.nesterov = settings["momentum"], settings["nesterov"]
         self.ns_steps, self.weight_decay = settings["ns_steps"], settings["weight_decay"]
         self.adjust_lr_fn = settings["adjust_lr_fn"]

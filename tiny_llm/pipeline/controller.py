@@ -1,17 +1,48 @@
-"""The Snakemake controller process itself: how it stops on SIGTERM and what it says when a run fails."""
+"""The Snakemake controller process itself: how it stops on SIGTERM, what it says when a run fails, and its
+closing summary when a run ends (where to look)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tiny_llm import campaign as campaign_lib
+from tiny_llm.campaign.ranking import final_bpb
 from tiny_llm.io import acquire_lock
+from tiny_llm.pipeline.export import ExportPlan
+from tiny_llm.pipeline.layout import (
+    ANALYSIS_ALIGNMENT,
+    ANALYSIS_SUMMARY,
+    EXPORT_BEST,
+    EXPORT_RUN,
+    EXPORTS_DIR,
+    EXPORTS_SAMPLES,
+    FIT_CURVES,
+    FIT_TABLE,
+    HORIZONS_PLOT,
+    HORIZONS_TABLE,
+    NOISE_PLOT,
+    NOISE_TABLE,
+    PACKED_BENCH_SUMMARY,
+    PACKED_REPORT,
+    RUN_DIR,
+    RUN_RESULT,
+    RUNS_REPORT,
+    THROUGHPUT_PLOT,
+    THROUGHPUT_TABLE,
+    fill,
+)
+
+if TYPE_CHECKING:
+    from tiny_llm.pipeline.plan import WorkflowPlan
 
 STOPPED_BY: list[int] = []
 """Signals that stopped this controller (set by the SIGTERM handler; read by the closing lines)."""
@@ -172,3 +203,96 @@ def unbuilt_line(missing: list[str]) -> str:
         f"error: the run ended without building {missing[0]}{more}, which the requested targets need; rerun "
         "the same command to build them (`snakemake -n` with the same options lists what is left)"
     )
+
+
+# ----------------------------------------------------------------------------- the closing summary
+
+
+def where_to_look(plan: WorkflowPlan) -> list[str]:
+    """The finished results a user looks at first, one line per stage that has them."""
+    picks = {
+        "runs": RUNS_REPORT.first_look(),
+        "tuning": plan.tuning.targets(),
+        "campaign": [plan.campaign.paths.report.table] if plan.campaign.config else [],
+        "packed": [PACKED_REPORT.table, PACKED_BENCH_SUMMARY],
+        "export": [EXPORTS_SAMPLES, f"{EXPORTS_DIR}/"],
+        "analysis": [
+            fill(path, analysed_run=name, settings_tag=plan.analysis.tag)
+            for name in plan.analysis.runs
+            for path in (ANALYSIS_SUMMARY, ANALYSIS_ALIGNMENT)
+        ],
+        "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
+        "noise": [NOISE_TABLE, NOISE_PLOT],
+        "fit": [FIT_TABLE, FIT_CURVES],
+        "throughput": [THROUGHPUT_TABLE, THROUGHPUT_PLOT],
+    }
+    lines = []
+    for stage, files in picks.items():
+        present = [path for path in files if Path(path).exists()]
+        if present:
+            lines.append(f"  {stage:<9} {', '.join(present)}")
+    return lines + best_run_lines(plan)
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run with a result: its final loss and bits per byte (None: none), its directory and export's."""
+
+    loss: float | None
+    bpb: float | None
+    run_dir: str
+    export: str
+
+
+def best_run_lines(plan: WorkflowPlan) -> list[str]:
+    """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage),
+    with its loss and its export directory."""
+    lines = []
+    for size, best in best_runs(plan).items():
+        exported = best.export if Path(best.export).is_dir() else "not exported (snakemake export)"
+        lines.append(f"  best {size}: {best.run_dir} loss {best.loss:.4f}, export {exported}")
+    return lines
+
+
+def best_runs(plan: WorkflowPlan) -> dict[str, FinishedRun]:
+    """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage)."""
+    best: dict[str, FinishedRun] = {}
+    for size, run in _finished_runs(plan):
+        if run.loss is not None and (size not in best or run.loss < (best[size].loss or 0.0)):
+            best[size] = run
+    return best
+
+
+def _finished_runs(plan: WorkflowPlan) -> list[tuple[str, FinishedRun]]:
+    """(size, the run) of every run with a result; its loss None where it has no final loss."""
+    out = []
+    for run, spec in plan.config["runs"].items():
+        result = _read_json(Path(fill(RUN_RESULT, run=run)))
+        loss = None if result is None else _finite(campaign_lib.final_loss(result))
+        bpb = None if result is None else final_bpb(result)
+        out.append((spec["size"], FinishedRun(loss, bpb, fill(RUN_DIR, run=run), fill(EXPORT_RUN, run=run))))
+    if plan.campaign.config is None:
+        return out
+    for size, ranking in ExportPlan.best_rankings(plan.campaign).items():
+        rows = _read_json(Path(ranking))
+        if not isinstance(rows, list) or not rows:
+            continue
+        top = min(rows, key=lambda row: row.get("rank", 0))
+        losses = dict(zip(top.get("runs", []), top.get("run_losses", []), strict=False))
+        bpbs = dict(zip(top.get("runs", []), top.get("run_bpb", []), strict=False))
+        run_dir = str(Path(ranking).parent / top["run"])
+        loss, bpb = _finite(losses.get(top["run"])), _finite(bpbs.get(top["run"]))
+        out.append((size, FinishedRun(loss, bpb, run_dir, fill(EXPORT_BEST, size=size))))
+    return out
+
+
+def _read_json(path: Path) -> Any:
+    """A finished step's JSON, or None where it is missing or unreadable (the summary skips it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and value == value and abs(value) != float("inf") else None

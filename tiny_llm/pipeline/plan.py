@@ -11,12 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tiny_llm import campaign as campaign_lib
-from tiny_llm.campaign.ranking import final_bpb
 from tiny_llm.config import TRACKING_ENV, recipe_from_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.pipeline.analysis import AnalysisPlan
@@ -26,26 +23,7 @@ from tiny_llm.pipeline.export import ExportPlan
 from tiny_llm.pipeline.files import PlanFiles
 from tiny_llm.pipeline.fit import FitPlan
 from tiny_llm.pipeline.horizons import HorizonsPlan
-from tiny_llm.pipeline.layout import (
-    ANALYSIS_ALIGNMENT,
-    ANALYSIS_SUMMARY,
-    EXPORT_BEST,
-    EXPORT_RUN,
-    EXPORTS_DIR,
-    EXPORTS_SAMPLES,
-    FIT_CURVES,
-    FIT_TABLE,
-    HORIZONS_PLOT,
-    HORIZONS_TABLE,
-    NOISE_PLOT,
-    NOISE_TABLE,
-    PACKED_BENCH_SUMMARY,
-    PACKED_REPORT,
-    RUN_DIR,
-    RUN_RESULT,
-    RUNS_REPORT,
-    fill,
-)
+from tiny_llm.pipeline.layout import fill
 from tiny_llm.pipeline.noise import NoisePlan
 from tiny_llm.pipeline.packed import PackedPlan
 from tiny_llm.pipeline.recipes import RecipeBook
@@ -59,28 +37,6 @@ STAGES = (
     "data", "runs", "tuning", "campaign", "packed", "export", "analysis", "horizons", "noise", "fit",
     "throughput",
 )  # fmt: skip
-
-
-def _read_json(path: Path) -> Any:
-    """A finished step's JSON, or None where it is missing or unreadable (the summary skips it)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and value == value and abs(value) != float("inf") else None
-
-
-@dataclass(frozen=True)
-class FinishedRun:
-    """A run with a result: its final loss and bits per byte (None: none), its directory and export's."""
-
-    loss: float | None
-    bpb: float | None
-    run_dir: str
-    export: str
 
 
 class WorkflowPlan:
@@ -264,71 +220,6 @@ class WorkflowPlan:
             return f"{prefix}python -m tiny_llm launch --nproc-per-node {ranks} --shutdown-timeout 100 -m"
 
         return launch
-
-    def where_to_look(self) -> list[str]:
-        """The finished results a user looks at first, one line per stage that has them."""
-        picks = {
-            "runs": RUNS_REPORT.first_look(),
-            "tuning": self.tuning.targets(),
-            "campaign": [self.campaign.paths.report.table] if self.campaign.config else [],
-            "packed": [PACKED_REPORT.table, PACKED_BENCH_SUMMARY],
-            "export": [EXPORTS_SAMPLES, f"{EXPORTS_DIR}/"],
-            "analysis": [
-                fill(path, analysed_run=name, settings_tag=self.analysis.tag)
-                for name in self.analysis.runs
-                for path in (ANALYSIS_SUMMARY, ANALYSIS_ALIGNMENT)
-            ],
-            "horizons": [HORIZONS_TABLE, HORIZONS_PLOT],
-            "noise": [NOISE_TABLE, NOISE_PLOT],
-            "fit": [FIT_TABLE, FIT_CURVES],
-        }
-        lines = []
-        for stage, files in picks.items():
-            present = [path for path in files if Path(path).exists()]
-            if present:
-                lines.append(f"  {stage:<9} {', '.join(present)}")
-        return lines + self.best_run_lines()
-
-    def best_run_lines(self) -> list[str]:
-        """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage),
-        with its loss and its export directory."""
-        lines = []
-        for size, best in self.best_runs().items():
-            exported = best.export if Path(best.export).is_dir() else "not exported (snakemake export)"
-            lines.append(f"  best {size}: {best.run_dir} loss {best.loss:.4f}, export {exported}")
-        return lines
-
-    def best_runs(self) -> dict[str, FinishedRun]:
-        """Per size, the finished run of lowest final loss (plain runs and the size's last campaign stage)."""
-        best: dict[str, FinishedRun] = {}
-        for size, run in self._finished_runs():
-            if run.loss is not None and (size not in best or run.loss < (best[size].loss or 0.0)):
-                best[size] = run
-        return best
-
-    def _finished_runs(self) -> list[tuple[str, FinishedRun]]:
-        """(size, the run) of every run with a result; its loss None where it has no final loss."""
-        out = []
-        for run, spec in self.config["runs"].items():
-            result = _read_json(Path(fill(RUN_RESULT, run=run)))
-            loss = None if result is None else _finite(campaign_lib.final_loss(result))
-            bpb = None if result is None else final_bpb(result)
-            out.append(
-                (spec["size"], FinishedRun(loss, bpb, fill(RUN_DIR, run=run), fill(EXPORT_RUN, run=run)))
-            )
-        if self.campaign.config is None:
-            return out
-        for size, ranking in ExportPlan.best_rankings(self.campaign).items():
-            rows = _read_json(Path(ranking))
-            if not isinstance(rows, list) or not rows:
-                continue
-            top = min(rows, key=lambda row: row.get("rank", 0))
-            losses = dict(zip(top.get("runs", []), top.get("run_losses", []), strict=False))
-            bpbs = dict(zip(top.get("runs", []), top.get("run_bpb", []), strict=False))
-            run_dir = str(Path(ranking).parent / top["run"])
-            loss, bpb = _finite(losses.get(top["run"])), _finite(bpbs.get(top["run"]))
-            out.append((size, FinishedRun(loss, bpb, run_dir, fill(EXPORT_BEST, size=size))))
-        return out
 
 
 def build_plan(

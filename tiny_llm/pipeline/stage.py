@@ -21,8 +21,8 @@ class Resources:
 
 
 class StagePlan(Protocol):
-    """One stage of the workflow plan: data, runs, tuning, campaign, packed, export, analysis, horizons, fit
-    (the scaling fit of the horizon grid, tiny_llm/pipeline/fit.py), throughput."""
+    """One stage (data, runs, tuning, campaign, packed, export, analysis, horizons, noise, fit, throughput) of
+    the workflow plan (``pipeline.plan.STAGES``)."""
 
     @property
     def enabled(self) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tiny_llm.io import atomic_write_text
+from tiny_llm.pipeline.controller import best_runs
 from tiny_llm.pipeline.layout import (
     HORIZONS_SUMMARY,
     NOISE_SUMMARY,
@@ -113,7 +114,7 @@ def best_run_lines(plan: WorkflowPlan) -> list[str]:
     report's front page is a narrow column, where a table's cells wrap)."""
     return [
         f"Best {size}: ``{Path(r.run_dir).name}``, loss {_nats(r.loss)}{_bpb(r.bpb)} (``{r.run_dir}``)."
-        for size, r in plan.best_runs().items()
+        for size, r in best_runs(plan).items()
     ]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.budget import parameter_count
-from tiny_llm.config import ModelConfig, recipe_to_dict
+from tiny_llm.config import ModelConfig, deep_merge, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import read_json
 from tiny_llm.pipeline.data import cache_manifest
@@ -32,7 +32,7 @@ from tiny_llm.tuning.throughput_map import (
     PROTOCOL_KEYS,
     estimate,
     frontier,
-    point_sets,
+    point_overrides,
     point_timeout,
     protocol_updates,
     unmeasured_points,
@@ -65,14 +65,10 @@ class ThroughputPlan:
 
     def _check_size(self, size: str) -> None:
         """Every context must make a valid one-microbatch recipe of the size (checked at parse time)."""
+        updates = protocol_updates(self.section)
         for context in self.contexts:
-            updates = protocol_updates(self.section)
-            sets = point_sets(context, 1, self.parameters[size], updates)
-            nested: dict[str, Any] = {}
-            for key, value in (item.split("=", 1) for item in sets):
-                section, name = key.split(".")
-                nested.setdefault(section, {})[name] = float(value) if "." in value else int(value)
-            overrides = _merge(self.section["overrides"], nested)
+            point = point_overrides(context, 1, self.parameters[size], updates)
+            overrides = deep_merge(self.section["overrides"], point)
             self.book.recipe(size, overrides, where=f"throughput (size {size}, context {context})")
 
     # ------------------------------------------------------------------ paths and the frontier
@@ -98,17 +94,12 @@ class ThroughputPlan:
         points = []
         for size in self.sizes:
             for context in self.contexts:
-                walk = frontier(
-                    partial(_line_result, result_of, size, context), self.section["max_micro_batch"]
-                )
+                walk = frontier(partial(result_of, size, context), self.section["max_micro_batch"])
                 points += [self.point(size, context, micro, trial) for micro, trial in walk]
         return points
 
     def protocol_flags(self) -> str:
         return " ".join(f"--{key.replace('_', '-')} {self.section[key]}" for key in PROTOCOL_KEYS)
-
-    def report_files(self) -> dict[str, str]:
-        return {"summary": THROUGHPUT_SUMMARY, "table": THROUGHPUT_TABLE, "plot": THROUGHPUT_PLOT}
 
     def parameters_flag(self) -> str:
         return ",".join(f"{size}={count}" for size, count in self.parameters.items())
@@ -154,19 +145,3 @@ class ThroughputPlan:
         if not self.sizes or self.section["data_mode"] != "real":
             return []
         return [self.section["max_micro_batch"] * max(self.contexts) + 1]
-
-
-def _line_result(
-    result_of: Callable[[str, int, int, str], dict[str, Any]], size: str, context: int, micro: int, trial: str
-) -> dict[str, Any]:
-    """One line's point result, for its frontier walk."""
-    return result_of(size, context, micro, trial)
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out

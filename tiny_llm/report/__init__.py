@@ -35,14 +35,8 @@ from typing import Any
 import yaml
 
 from tiny_llm.errors import DataError
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    holds_earlier_output,
-    read_json,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.report.curves import plot_curves
 from tiny_llm.report.noise import (
     attach_noise,
@@ -77,30 +71,10 @@ def selected_yaml(c: ConfigurationRecord, size: str) -> str:
     return header + yaml.safe_dump(recipe, sort_keys=False)
 
 
-REPORT_FILES = (
-    "comparison.json", "learning-curves.png", "intervals.png", "selected-*.yaml", "report.md", "table.html",
-)  # fmt: skip
-
-
-def earlier_report(out: Path) -> bool:
-    """A report directory written before reports were marked (check_output_dir): only report files, its
-    comparison.json rows and selected-<size>.yaml headers ours."""
-
-    def recognised(path: Path) -> bool:
-        if path.suffix == ".yaml":
-            return path.read_text(encoding="utf-8").startswith("# Best ")
-        rows = read_json(path)
-        return isinstance(rows, list) and all(
-            row["kind"] in ("run", "configuration", "stage") for row in rows
-        )
-
-    return holds_earlier_output(out, REPORT_FILES, recognised)
-
-
 def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | None = None) -> dict[str, Any]:
     """Write all report files; ``sizes`` (if given) must each get a selected-<size>.yaml. ``out_dir`` is new,
     empty or one of ours (check_output_dir): a directory of a user's files is refused before any work."""
-    check_output_dir(out_dir, "--output-dir", ours=earlier_report)
+    check_output_dir(out_dir, "--output-dir")
     records = collect_runs(runs_dir)
     configurations = group_configurations(records)
     best = best_per_size(configurations)
@@ -109,7 +83,7 @@ def write_report(runs_dir: str | Path, out_dir: str | Path, sizes: list[str] | N
         raise DataError(
             f"no finished run with a final loss for size(s) {', '.join(missing)} under {runs_dir}"
         )
-    out = claim_output_dir(out_dir, "--output-dir", ours=earlier_report)
+    out = claim_output_dir(out_dir, "--output-dir")
     noises = attach_noise(configurations, promoted_counts(runs_dir))
     rows = [r.row() for r in records]
     campaign = (Path(runs_dir) / "campaign.json").is_file()

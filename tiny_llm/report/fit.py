@@ -12,13 +12,8 @@ from typing import Any
 import numpy as np
 
 from tiny_llm.errors import REBUILD_RESULT
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    read_json_mapping,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json_mapping
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 from tiny_llm.report.tables import TABLE_CSS
 from tiny_llm.scaling.law import DataLaw, JointLaw
 from tiny_llm.scaling.predict import laws_of, verification

@@ -9,15 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.io import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_dir,
-    claim_output_dir,
-    holds_earlier_output,
-    read_json,
-    read_yaml,
-)
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json, read_yaml
+from tiny_llm.output_dirs import check_output_dir, claim_output_dir
 
 
 def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
@@ -51,24 +44,12 @@ def horizon_rows(run_dirs: list[str | Path]) -> list[dict[str, Any]]:
     return rows
 
 
-HORIZONS_FILES = ("horizons.json", "report.md", "loss-vs-horizon.png")
-
-
-def earlier_horizons_report(out: Path) -> bool:
-    """A horizons report written before reports were marked: only its files, horizons.json ours."""
-
-    def recognised(path: Path) -> bool:
-        return isinstance(read_json(path)["horizons"], list)
-
-    return holds_earlier_output(out, HORIZONS_FILES, recognised)
-
-
 def write_horizons_report(run_dirs: list[str | Path], output_dir: str | Path) -> list[dict[str, Any]]:
     """horizons.json, report.md and loss-vs-horizon.png in ``output_dir`` (new, empty or one of ours:
     check_output_dir)."""
-    check_output_dir(output_dir, "--output-dir", ours=earlier_horizons_report)
+    check_output_dir(output_dir, "--output-dir")
     rows = horizon_rows(run_dirs)
-    out = claim_output_dir(output_dir, "--output-dir", ours=earlier_horizons_report)
+    out = claim_output_dir(output_dir, "--output-dir")
     atomic_write_json(out / "horizons.json", {"horizons": rows})
     sizes = len({row["parameters"] for row in rows}) > 1  # a column for the size only when there are several
     lines = [

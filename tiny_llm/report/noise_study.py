@@ -12,7 +12,8 @@ from typing import Any
 from tiny_llm.campaign.ranking import final_bpb, final_loss
 from tiny_llm.campaign.significance import Source, noise_sources
 from tiny_llm.errors import DataError
-from tiny_llm.io import atomic_write_json, atomic_write_text, claim_output_dir, read_json_mapping, read_yaml
+from tiny_llm.io import atomic_write_json, atomic_write_text, read_json_mapping, read_yaml
+from tiny_llm.output_dirs import claim_output_dir
 
 GROUP = re.compile(r"-(init|data|both)-s[0-9]+$")
 """A study run's directory name ends with its group and varying seed: ``demo-s-data-s5``."""

@@ -25,12 +25,12 @@ from tiny_llm.campaign.ranking import (
     final_bpb,
     final_loss,
     loss_summary,
-    optimizer_name,
 )
 from tiny_llm.campaign.ranking import (
     group_configurations as group_outcomes,
 )
 from tiny_llm.campaign.significance import StageNoise, place_fields
+from tiny_llm.config import OptimizerLabel
 from tiny_llm.errors import REBUILD_CAMPAIGN, REBUILD_RESULT, DataError
 from tiny_llm.io import is_replaced_run, read_json_mapping, read_yaml
 from tiny_llm.train.metrics import read_metrics
@@ -80,14 +80,13 @@ class RunRecord:
         out["seed"] = self.seed
         out["configuration"] = self.configuration_id
         out["status"] = self.status
-        out["optimizer"], out["muon_lr"] = self.optimizer
+        out["optimizer"], out["muon_lr"] = self.optimizer.name, self.optimizer.muon_lr
         out["bpb"] = self.bpb
         return out
 
     @property
-    def optimizer(self) -> tuple[str, float | None]:
-        """(optimizer.name, its effective muon_lr or None): ``optimizer_name`` of the recipe."""
-        return optimizer_name(self.recipe.get("optimizer") or {})
+    def optimizer(self) -> OptimizerLabel:
+        return OptimizerLabel.of(self.recipe.get("optimizer") or {})
 
     @property
     def outcome(self) -> RunOutcome:
@@ -102,7 +101,7 @@ class RunRecord:
             self.beta1 if self.beta1 is not None else inf,
             self.configuration_id,
             self.seed,
-            *self.optimizer,
+            self.optimizer,
             self.bpb,
         )
 
@@ -160,8 +159,8 @@ class ConfigurationRecord:
             "weight_decay": first.weight_decay,
             "beta1": first.beta1,
             "beta2": first.beta2,
-            "optimizer": first.optimizer[0],
-            "muon_lr": first.optimizer[1],
+            "optimizer": first.optimizer.name,
+            "muon_lr": first.optimizer.muon_lr,
             "loss_mean": self.mean,
             "loss_sd": self.sd,
             "n": len(self.members),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from tiny_llm.config import OptimizerLabel
 from tiny_llm.report.records import ConfigurationRecord, RunRecord
 
 GIB = 1024**3
@@ -48,10 +49,8 @@ def fmt(value: Any, kind: str) -> str:
 
 
 def optimizer_cell(row: dict[str, Any]) -> str:
-    """'adamw', or 'muon (muon_lr X)': LR is then the AdamW rate of the embeddings, norms and head."""
-    if row["muon_lr"] is None:
-        return str(row["optimizer"])
-    return f"{row['optimizer']} (muon_lr {fmt(row['muon_lr'], 'num')})"
+    """A comparison.json row's optimizer, as ``OptimizerLabel.text`` says it."""
+    return OptimizerLabel(row["optimizer"], row["muon_lr"]).text()
 
 
 def table_cells(row: dict[str, Any]) -> list[str]:

@@ -7,9 +7,9 @@ gets is decided by ``tiny_llm.engines.build_engine``.
 
 Three methods add to what a run records: ``attention_kernels()``, the attention operators an update
 dispatches (environment.json), ``result_fields(tokens)``, the engine's own result.json fields (the packed
-engine: num_models, total_parameters, tokens_per_model, topology, scheme), and ``row_fields(tokens)``, the
-engine's cumulative fields of a train row given the run's tokens so far (the packed engine:
-tokens_per_model); the ordinary engine adds none.
+engine: num_models, total_parameters, tokens_per_model, topology, scheme), and ``row_fields(stats, tokens)``,
+the engine's own fields of a train row: its last update's ``extra`` and the cumulative facts given the run's
+tokens so far (the packed engine: local_losses, ..., tokens_per_model); the ordinary engine adds none.
 """
 
 from __future__ import annotations
@@ -135,10 +135,6 @@ class UpdateAborted(Exception):
 
 
 class Engine(Protocol):
-    """Optional: ``replay_peak_bytes()``, for an engine
-    whose updates replay a captured CUDA graph: the capture's peak memory, which a replay never moves in the
-    allocator's statistics (the run's clock and the benchmark worker take it as a floor)."""
-
     def train_step(self, blocks: torch.Tensor, lr: float, step: int) -> StepStats: ...
     def check_finite(self) -> None:
         """``NonFiniteError`` for the first update skipped as non-finite on the device (an engine that reads
@@ -159,8 +155,15 @@ class Engine(Protocol):
         """The engine's own result.json fields, given the run's tokens."""
         ...
 
-    def row_fields(self, tokens: int) -> dict[str, Any]:
-        """The engine's cumulative fields of a train row, given the run's tokens so far."""
+    def row_fields(self, stats: StepStats, tokens: int) -> dict[str, Any]:
+        """The engine's own fields of a train row: its last update's ``stats.extra``, then the cumulative
+        facts given the run's tokens so far."""
+        ...
+
+    def replay_peak_bytes(self) -> int:
+        """The floor of a window's peak memory: for updates that replay captured CUDA graphs, the capture's
+        peak, which a replay never moves in the allocator's statistics (the run's clock and the benchmark
+        worker take it as a floor); 0 for any other engine."""
         ...
 
 

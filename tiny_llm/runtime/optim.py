@@ -18,12 +18,7 @@ from torch import nn
 # torch.optim.Muon gives per matrix, so they are taken from torch rather than copied.
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _adjust_lr
 
-from tiny_llm.config import OptimizerConfig
-
-MUON_MOMENTUM = 0.95
-MUON_NESTEROV = True
-MUON_NS_STEPS = 5
-MUON_ADJUST_LR_FN = "match_rms_adamw"
+from tiny_llm.config import MuonConfig, OptimizerConfig
 
 
 def parameter_groups(params: nn.Module | list[nn.Parameter], weight_decay: float) -> list[dict]:
@@ -50,14 +45,15 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 
 def muon_settings(opt: OptimizerConfig) -> dict[str, Any]:
-    """torch.optim.Muon's arguments for a recipe, its nulls resolved to the documented defaults."""
+    """torch.optim.Muon's arguments for a recipe: its muon section, lr and weight decay AdamW's when null."""
+    muon = opt.muon or MuonConfig()
     return {
-        "lr": opt.lr if opt.muon_lr is None else opt.muon_lr,
-        "momentum": MUON_MOMENTUM if opt.muon_momentum is None else opt.muon_momentum,
-        "nesterov": MUON_NESTEROV if opt.muon_nesterov is None else opt.muon_nesterov,
-        "ns_steps": MUON_NS_STEPS if opt.muon_ns_steps is None else opt.muon_ns_steps,
-        "weight_decay": opt.weight_decay if opt.muon_weight_decay is None else opt.muon_weight_decay,
-        "adjust_lr_fn": MUON_ADJUST_LR_FN if opt.muon_adjust_lr_fn is None else opt.muon_adjust_lr_fn,
+        "lr": opt.lr if muon.lr is None else muon.lr,
+        "momentum": muon.momentum,
+        "nesterov": muon.nesterov,
+        "ns_steps": muon.ns_steps,
+        "weight_decay": opt.weight_decay if muon.weight_decay is None else muon.weight_decay,
+        "adjust_lr_fn": muon.adjust_lr_fn,
     }
 
 
@@ -80,7 +76,7 @@ def build_optimizer(model: nn.Module, opt: OptimizerConfig, *, fused: bool) -> t
     hidden_ids = {id(p) for p in hidden}
     settings = muon_settings(opt)
     muon = BatchedMuon(hidden, **settings)
-    # set_lr multiplies the schedule's lr (which peaks at optimizer.lr) by this, so Muon peaks at muon_lr
+    # set_lr multiplies the schedule's lr (which peaks at optimizer.lr) by this, so Muon peaks at muon.lr
     muon.param_groups[0]["lr_scale"] = settings["lr"] / opt.lr
     return MuonAdamW(muon, _adamw([p for p in params if id(p) not in hidden_ids], opt, fused))
 
@@ -218,6 +214,6 @@ class MuonAdamW:
 
 def set_lr(optimizer: torch.optim.Optimizer | MuonAdamW, lr: float) -> None:
     """The schedule's lr on every group, times the group's ``lr_scale`` where it has one (Muon's group:
-    muon_lr / lr, so each part keeps its own peak; AdamW's groups get ``lr`` itself)."""
+    muon.lr / lr, so each part keeps its own peak; AdamW's groups get ``lr`` itself)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr

@@ -203,6 +203,6 @@ class ModelEngine:
         """An ordinary run has no fields of its own."""
         return {}
 
-    def row_fields(self, tokens: int) -> dict[str, Any]:
+    def row_fields(self, stats: StepStats, tokens: int) -> dict[str, Any]:
         """Nor has its train row."""
         return {}

@@ -23,7 +23,6 @@ from torch import nn
 from tiny_llm.config import RecipeConfig
 from tiny_llm.data.cache import TokenCache
 from tiny_llm.model import IGNORE_INDEX, Llama, chunked_token_losses, token_losses
-from tiny_llm.progress import counted
 from tiny_llm.runtime.device import (
     compute_context,
     forced_sdpa_kernel,
@@ -35,6 +34,7 @@ from tiny_llm.runtime.device import (
     with_forced_kernel,
 )
 from tiny_llm.runtime.engine import EngineFactory, build_model
+from tiny_llm.terminal import counted
 from tiny_llm.train import distributed
 
 

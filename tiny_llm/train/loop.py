@@ -32,8 +32,9 @@ from tiny_llm.runtime.mfu import matmul_precision, peak_flops
 from tiny_llm.train import checkpoint, continuation, distributed
 from tiny_llm.train.clock import RunClock
 from tiny_llm.train.evaluate import EvalResult, EvaluationAborted, byte_table, evaluate, subset_batches
-from tiny_llm.train.metrics import MetricsLog, RunLog, Window, console_line
-from tiny_llm.train.progress import Progress, result_record, train_row, validation_row
+from tiny_llm.train.metrics import MetricsLog, RunLog
+from tiny_llm.train.progress import Progress, Window
+from tiny_llm.train.rows import console_line, result_record, train_row, validation_row
 from tiny_llm.train.run_dir import check_resumable, write_environment, write_status
 from tiny_llm.train.tracking import Tracker, open_tracker
 
@@ -58,7 +59,6 @@ class Trainer:
         self.device = setup_runtime(recipe)
         self.progress = Progress()
         self.clock = RunClock(device_timer(self.device), self.progress)
-        self.session_start = self.clock.now()  # reset where the validation subset is prepared
         check_cuda_graph(recipe, self.device)
         # One rank verifies the cache's checksums (rank 0, before it hands the start to the others).
         self.cache: TokenCache = open_cache(recipe.data.cache_dir, verify=distributed.writes_files())
@@ -117,7 +117,6 @@ class Trainer:
         self.tracker = open_tracker(self.recipe, self.run_dir, self.identity, self.log)
         self.metrics.listener = self.tracker.log_row
         self._engine = self.build_engine(self.recipe, self.device)
-        self.clock.peak_floor = getattr(self._engine, "replay_peak_bytes", self.clock.peak_floor)
         self._loader = TrainLoader(
             self.cache,
             context_length=self.recipe.model.context_length,
@@ -154,7 +153,7 @@ class Trainer:
             uses_compile(self.recipe),
             resumed=state is not None and not branch,
         )
-        self.session_start = self.clock.now()
+        self.clock.start_session(self.progress, self.engine.replay_peak_bytes)
         ev = self.recipe.evaluation
         subset = validation_subset(self.cache, self.recipe.model.context_length, ev.subset_blocks, ev.seed)
         self.subset = subset_batches(subset, ev.batch_size, self.device)  # made and pinned once per session
@@ -164,7 +163,6 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         checkpoint.set_rng_state(state["rng"])
         self.progress = Progress.from_dict(state["progress"])
-        self.clock.bind(self.progress)
         self.metrics.truncate_to_step(self.progress.step)
         self._write_best()  # best.json as of the resumed state (an epoch file may rewind the run)
 
@@ -172,7 +170,6 @@ class Trainer:
 
     def run(self) -> int:
         if self.progress.pending_epoch is not None:
-            self.clock.start_elapsed()  # validation left pending belongs to training time
             self.finish_epoch()
         end = len(self.schedule) if self.stop_at is None else min(self.stop_at, len(self.schedule))
         self.keep_state()
@@ -214,7 +211,7 @@ class Trainer:
         epoch_end = p.blocks + num_blocks == self.budget.epoch_boundaries[epoch]
         logs_row = step % training.log_every == 0 or epoch_end
         saves = self.policy in ("interval", "all") and (epoch_end or step % training.checkpoint_every == 0)
-        self.clock.begin_update()  # a span starts on an idle device; its updates then queue without a wait
+        self.clock.update_started()  # a span starts on an idle device; its updates then queue without a wait
         loader_state = self.loader.state_dict()
         blocks = pin_for(self.loader.next_blocks(num_blocks), self.device)
         end_tokens = (start_block + num_blocks) * self.recipe.model.context_length
@@ -226,7 +223,7 @@ class Trainer:
             raise Interrupted() from None
         self._account(stats, num_blocks)
         if logs_row:
-            self.log_train_row(epoch + 1, lr, stats.extra)
+            self.log_train_row(epoch + 1, lr, stats)
         if epoch_end:
             p.pending_epoch = epoch + 1
             self.finish_epoch()
@@ -239,7 +236,7 @@ class Trainer:
         p.step += 1
         p.blocks += blocks
         p.tokens += stats.tokens
-        self.clock.end_update(stats.tokens)
+        self.clock.update_queued(stats.tokens)
 
     def settle(self) -> None:
         """Bring the updates since the last settle into the window: the engine's deferred finite check
@@ -259,21 +256,21 @@ class Trainer:
             self.progress.window.add(stats.loss, stats.tokens, stats.grad_norm)
         self.unsettled.clear()
 
-    def log_train_row(self, epoch: int, lr: float, extra: dict[str, Any]) -> None:
-        peak = self.clock.close_row()  # the window's last kernels are done: its values read without a wait
+    def log_train_row(self, epoch: int, lr: float, last: StepStats) -> None:
+        clock = self.clock.row()  # the window's last kernels are done: its values read without a wait
         self.settle()
         p = self.progress
-        flops = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
-        row = train_row(p, epoch, lr, peak, self.clock.elapsed_tokens_per_second())
-        if flops:  # the row's tokens are every rank's: K GPUs' peak
-            peak_total = flops * distributed.world_size()
-            row["mfu"] = row["tokens_per_second"] * flops_per_token(self.recipe.model) / peak_total
-        row.update({k: v for k, v in extra.items() if k not in row})
-        row.update(self.engine.row_fields(p.tokens))  # cumulative facts (packed: tokens_per_model)
+        row = train_row(p, epoch, lr, clock, self.mfu_flops(), self.engine.row_fields(last, p.tokens))
         self.metrics.append(row)
-        eta = self.clock.seconds_per_update() * (len(self.schedule) - p.step)
+        eta = clock.seconds_per_update * (len(self.schedule) - p.step)
         self.log(console_line(row, self.budget.num_epochs, len(self.schedule), eta), row=row, eta=eta)
         p.window = Window()
+
+    def mfu_flops(self) -> tuple[float, float | None]:
+        """(training FLOPs per token, the peak FLOP/s of every rank's device or None): a train row's MFU."""
+        peak = peak_flops(device_name(self.device), matmul_precision(self.recipe, self.device))
+        # the row's tokens are every rank's: K GPUs' peak
+        return flops_per_token(self.recipe.model), peak and peak * distributed.world_size()
 
     # ------------------------------------------------------------------ epochs, evaluation, checkpoints
 
@@ -316,23 +313,23 @@ class Trainer:
         self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], split: str
     ) -> tuple[EvalResult, int]:
         """An evaluation pass and its own peak memory, kept apart from the training peak."""
-        self.clock.start_evaluation()
-        try:
-            result = evaluate(
-                self.engine.eval_model(),
-                batches,
-                self.recipe,
-                self.device,
-                split=split,
-                validation_complete=self.cache.validation_complete,
-                should_stop=signals.stop_requested,
-                token_bytes=self.token_bytes,
-            )
-        except EvaluationAborted:
-            raise Interrupted() from None
+        with self.clock.untimed("evaluation") as peak:
+            try:
+                result = evaluate(
+                    self.engine.eval_model(),
+                    batches,
+                    self.recipe,
+                    self.device,
+                    split=split,
+                    validation_complete=self.cache.validation_complete,
+                    should_stop=signals.stop_requested,
+                    token_bytes=self.token_bytes,
+                )
+            except EvaluationAborted:
+                raise Interrupted() from None
         if not math.isfinite(result.loss):  # the weights diverged although the training losses were finite
             raise NonFiniteError(self.progress.step, f"non-finite {split} validation loss ({result.loss})")
-        return result, self.clock.end_evaluation()
+        return result, peak.bytes
 
     def save_epoch_files(self, epoch: int) -> None:
         """epoch-NNN.safetensors + epoch-NNN.pt; immutable once written."""
@@ -355,10 +352,8 @@ class Trainer:
     ) -> None:
         """The training state as ``name`` (``keep_existing``: not over one already there). Rank 0 writes
         (a K-rank state is a 1-rank state); every rank waits for it, on the host."""
-        self.clock.pause()  # the span's kernels are done: the state is read without a wait, and not timed
-        self.settle()  # never save state past a non-finite update; the window's sums are part of the state
-        if self.clock.row_window_open:  # an open window's peak so far (an interruption or checkpoint)
-            self.clock.fold_peak()
+        with self.clock.untimed():  # the span's kernels are done: the state is read without a wait, untimed
+            self.settle()  # never save state past a non-finite update; the window's sums are in the state
         path = self.run_dir / name
 
         def write() -> None:
@@ -378,11 +373,11 @@ class Trainer:
         distributed.on_rank0(write, f"save of {name}")
 
     def interrupt(self) -> int:
-        self.clock.pause()
-        try:
-            self.settle()
-        except NonFiniteError as exc:  # a non-finite update before the signal: the run failed there
-            return self.fail(str(exc))
+        with self.clock.untimed():
+            try:
+                self.settle()
+            except NonFiniteError as exc:  # a non-finite update before the signal: the run failed there
+                return self.fail(str(exc))
         if self.policy != "none" and self.started:
             try:
                 self.save(checkpoint.LATEST)
@@ -399,12 +394,12 @@ class Trainer:
     # ------------------------------------------------------------------ the end
 
     def finish(self) -> None:
-        self.clock.stop_elapsed()  # elapsed time ends at the final state: the full validation is not in it
-        if self.policy != "none":
-            self.save(checkpoint.FINAL)
-            self.export("final.safetensors")
-        L, batch = self.recipe.model.context_length, self.recipe.evaluation.batch_size
-        full, peak = self._evaluate(iter_validation(self.cache, L, batch), "full")
+        with self.clock.untimed("end"):  # elapsed time ends at the final state: the full validation is after
+            if self.policy != "none":
+                self.save(checkpoint.FINAL)
+                self.export("final.safetensors")
+            L, batch = self.recipe.model.context_length, self.recipe.evaluation.batch_size
+            full, peak = self._evaluate(iter_validation(self.cache, L, batch), "full")
         self.metrics.append(
             validation_row(self.progress, "final_validation", self.budget.num_epochs, full, peak)
         )
@@ -412,7 +407,7 @@ class Trainer:
         if self.policy == "final":
             (self.run_dir / checkpoint.LATEST).unlink(missing_ok=True)
         self._write_status("complete")
-        session = self.clock.now() - self.session_start
+        session = self.clock.seconds_this_session()
         record = result_record(self.progress, full, self.budget.parameters, self.identity, session)
         atomic_write_json(
             self.run_dir / "result.json", {**record, **self.engine.result_fields(record["tokens"])}

@@ -1,4 +1,5 @@
-"""metrics.jsonl, run.log and the console progress line."""
+"""The two files a run writes as it goes: metrics.jsonl (``MetricsLog``, read by ``read_metrics``) and run.log
+(``RunLog``, also the console's: on a terminal, train rows move a bar)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,14 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import append_jsonl, atomic_write_text, is_disk_full
-from tiny_llm.progress import TrainBar, on_terminal
+from tiny_llm.terminal import TrainBar, on_terminal
+from tiny_llm.train.rows import format_duration
 
 RESUMABLE_EVENTS = ("train", "validation")
-TIMING_FIELDS = frozenset(
-    {
-        "tokens_per_second",
-        "training_seconds",
-        "cumulative_training_seconds",
-        "elapsed_tokens_per_second",
-        "peak_memory_bytes",
-        "evaluation_peak_memory_bytes",
-        "seconds",
-        "mfu",
-        "seconds_this_session",
-        "training_elapsed_seconds",
-        "training_tokens_per_second",
-        "median_tokens_per_second",
-        "evaluation_tokens_per_second",
-    }
-)
-"""Fields of metrics rows, result.json and rankings that measure time or memory: no two runs share them, so a
-comparison of two runs' records leaves them out."""
 
 
 def _finite(text: str) -> float:
@@ -129,52 +111,3 @@ class RunLog:
             self.bar.row(row, format_duration(eta))
         else:
             self.bar.write(message)
-
-
-@dataclass
-class Window:
-    """Accumulators between two train rows (persisted in the state so resumed rows match)."""
-
-    loss_sum: float = 0.0
-    tokens: int = 0
-    seconds: float = 0.0
-    grad_norm_sum: float = 0.0
-    updates: int = 0
-    grad_norm_last: float = 0.0
-    """The window's last update's norm: a train row's grad_norm, as the reference logs it."""
-
-    def add(self, loss: float, tokens: int, grad_norm: float) -> None:
-        """One update's figures; its time comes with its span's (``RunClock.pause``)."""
-        self.loss_sum += loss * tokens
-        self.tokens += tokens
-        self.grad_norm_sum += grad_norm
-        self.grad_norm_last = grad_norm
-        self.updates += 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def format_duration(seconds: float) -> str:
-    if seconds != seconds or seconds == float("inf"):
-        return "?"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
-def format_tokens(tokens: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.2f}{unit}"
-    return str(int(tokens))
-
-
-def console_line(row: dict[str, Any], num_epochs: int, num_updates: int, eta_seconds: float) -> str:
-    return (
-        f"epoch {row['epoch']}/{num_epochs} step {row['step']}/{num_updates} "
-        f"tokens {format_tokens(row['tokens'])} loss {row['loss']:.4f} lr {row['lr']:.3e} "
-        f"gnorm {row['grad_norm']:.3f} tok/s {row['tokens_per_second']:,.0f} "
-        f"ETA {format_duration(eta_seconds)}"
-    )

@@ -1,13 +1,33 @@
-"""A run's position (what a resume restores besides weights and loader) and the records made from it: train
-rows, validation rows and result.json."""
+"""A run's position: what a resume restores besides weights and loader (torch-free)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tiny_llm.train.evaluate import EvalResult
-from tiny_llm.train.metrics import Window
+
+@dataclass
+class Window:
+    """Accumulators between two train rows (persisted in the state so resumed rows match)."""
+
+    loss_sum: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+    grad_norm_sum: float = 0.0
+    updates: int = 0
+    grad_norm_last: float = 0.0
+    """The window's last update's norm: a train row's grad_norm, as the reference logs it."""
+
+    def add(self, loss: float, tokens: int, grad_norm: float) -> None:
+        """One update's figures; its time comes with its span's (``RunClock``)."""
+        self.loss_sum += loss * tokens
+        self.tokens += tokens
+        self.grad_norm_sum += grad_norm
+        self.grad_norm_last = grad_norm
+        self.updates += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -36,67 +56,3 @@ class Progress:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Progress:
         return cls(**{**data, "window": Window(**data["window"])})
-
-
-def train_row(p: Progress, epoch: int, lr: float, peak: int, elapsed_rate: float) -> dict[str, Any]:
-    """The train row of the window ``p.window`` (its values settled, its span closed)."""
-    w = p.window
-    return {
-        "event": "train",
-        "step": p.step,
-        "epoch": epoch,
-        "tokens": p.tokens,
-        "loss": w.loss_sum / w.tokens,
-        "lr": lr,
-        "grad_norm": w.grad_norm_last,
-        "grad_norm_window_mean": w.grad_norm_sum / w.updates,
-        "tokens_per_second": w.tokens / w.seconds if w.seconds > 0 else 0.0,
-        "training_seconds": w.seconds,
-        "cumulative_training_seconds": p.training_seconds,
-        "elapsed_tokens_per_second": elapsed_rate,
-        "peak_memory_bytes": peak,
-    }
-
-
-def validation_row(p: Progress, event: str, epoch: int, result: EvalResult, peak: int) -> dict[str, Any]:
-    return {
-        "event": event,
-        "step": p.step,
-        "epoch": epoch,
-        "tokens": p.tokens,
-        "loss": result.loss,
-        "perplexity": result.perplexity,
-        "seconds": result.seconds,
-        "split": result.split,
-        "validation_complete": result.validation_complete,
-        "evaluation_tokens": result.tokens,
-        "evaluation_peak_memory_bytes": peak,
-        "bpb": result.bpb,
-        "evaluation_bytes": result.bytes,
-    }
-
-
-def result_record(
-    p: Progress, full: EvalResult, parameters: int, identity: str, seconds_this_session: float
-) -> dict[str, Any]:
-    """result.json (before the engine's own fields). Times and rates add up over every session of the run,
-    except ``seconds_this_session`` (from the validation subset's preparation to now, the final full
-    validation included)."""
-    return {
-        "parameters": parameters,
-        "tokens": p.tokens,
-        "step": p.step,
-        "epochs": p.epochs_done,
-        "best_subset_loss": p.best_loss,
-        "best_epoch": p.best_epoch,
-        "final_validation": full.as_dict(),
-        "evaluation_tokens_per_second": full.tokens_per_second,
-        "seconds_this_session": seconds_this_session,
-        "training_seconds": p.training_seconds,
-        "training_elapsed_seconds": p.elapsed_seconds,
-        "training_tokens_per_second": p.tokens / p.training_seconds if p.training_seconds else None,
-        "elapsed_tokens_per_second": p.tokens / p.elapsed_seconds if p.elapsed_seconds else None,
-        "peak_memory_bytes": p.peak_memory_bytes,
-        "evaluation_peak_memory_bytes": p.evaluation_peak_memory_bytes,
-        "recipe_identity": identity,
-    }

@@ -22,7 +22,7 @@ from tiny_llm.campaign.templates import TUNED_KEYS
 from tiny_llm.config import RecipeConfig, load_recipe, recipe_from_dict, recipe_to_dict
 from tiny_llm.errors import ConfigError
 from tiny_llm.io import canonical_json
-from tiny_llm.typed import typed_from_dict
+from tiny_llm.typed import NON_NEGATIVE, POSITIVE, typed_from_dict
 
 # Stage 1, (micro_batch_size, compiled): the reference's order, then larger compiled microbatches up to the
 # reference's 20m production setting (micro 128 at 131,072 tokens). Micro batches above one update are
@@ -87,20 +87,20 @@ class TuningProfile:
     require_gpu_name: str | None = None
     """The worker refuses a GPU whose name lacks this text (unless allow_other_gpu)."""
     allow_other_gpu: bool = False
-    budget_minutes: float = 75.0
-    candidate_timeout_seconds: float = 600.0
-    min_start_seconds: float = 60.0
+    budget_minutes: float = field(default=75.0, metadata=POSITIVE)
+    candidate_timeout_seconds: float = field(default=600.0, metadata=POSITIVE)
+    min_start_seconds: float = field(default=60.0, metadata=NON_NEGATIVE)
     """No new candidate starts with less budget left than this."""
-    warmup: int = 20
-    steps: int = 100
-    windows: int = 3
+    warmup: int = field(default=20, metadata=POSITIVE)
+    steps: int = field(default=100, metadata=POSITIVE)
+    windows: int = field(default=3, metadata=POSITIVE)
     data_mode: Literal["real", "synthetic"] = "real"
     stage1: tuple[tuple[int, bool], ...] = REFERENCE_STAGE1
     attention_variants: tuple[AttentionLabel, ...] | None = None
     """Stage 2 labels; default flash/cudnn on GPU, math/reference on CPU."""
     compile_modes: tuple[str, ...] = ("reduce-overhead", "max-autotune")
     cpu_amp_variants: tuple[bool, ...] = (True, False)
-    threads: tuple[int, ...] = (1, 4, 8)
+    threads: tuple[int, ...] = field(default=(1, 4, 8), metadata=POSITIVE)
     """Stage 4 (cpu space only: a GPU profile has no threads stage)."""
     cuda_graph: bool = True
     """Stage 4 on gpu: the best so far with runtime.cuda_graph true; false leaves it out (none on cpu)."""
@@ -119,16 +119,8 @@ def profile_from_dict(name: str, data: dict[str, Any]) -> TuningProfile:
 
 
 def profile_problems(p: TuningProfile) -> list[str]:
-    """The values no tuner run could use, each ``key: what is wrong`` (the types are the builder's)."""
-    problems = [
-        f"{key}: must be > 0, got {getattr(p, key)}"
-        for key in ("budget_minutes", "candidate_timeout_seconds", "warmup", "steps", "windows")
-        if not getattr(p, key) > 0
-    ]
-    if p.min_start_seconds < 0:
-        problems.append(f"min_start_seconds: must be >= 0, got {p.min_start_seconds}")
-    if any(t <= 0 for t in p.threads):
-        problems.append(f"threads: every thread count must be > 0, got {list(p.threads)}")
+    """The lists no tuner run could use, each ``key: what is wrong`` (types and ranges are the builder's)."""
+    problems = []
     if not p.configs:
         problems.append("configs: name at least one recipe preset or file")
     if not p.stage1:

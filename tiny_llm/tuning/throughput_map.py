@@ -18,7 +18,8 @@ from typing import Any
 from tiny_llm.budget import flops_per_token, parameter_count
 from tiny_llm.config import ModelConfig, load_recipe
 from tiny_llm.errors import ConfigError
-from tiny_llm.io import atomic_write_bytes, atomic_write_json, claim_output_dir, read_json
+from tiny_llm.io import atomic_write_bytes, atomic_write_json, read_json
+from tiny_llm.output_dirs import claim_output_dir
 from tiny_llm.plotting import save_png
 from tiny_llm.tuning import tuner
 from tiny_llm.tuning.candidates import window_noise
@@ -36,17 +37,27 @@ TIMEOUT_FLOPS_PER_SECOND = 1e14
 H100's or H200's dense BF16 peak (the workflow's throughput.timeout_flops_per_second)."""
 
 
-def point_sets(context: int, micro: int, parameters: int, updates: int) -> list[str]:
+def point_overrides(context: int, micro: int, parameters: int, updates: int) -> dict[str, dict[str, Any]]:
     """The recipe keys of one point: this context, one microbatch of ``micro`` sequences per update, and a
     budget of exactly the ``updates`` the worker runs (a 20-tokens-per-parameter budget of 512-token updates
     would be more updates than a recipe may have; the schedule does not change the speed)."""
     per_parameter = updates * micro * context / parameters
+    return {
+        "model": {"context_length": context},
+        "training": {
+            "micro_batch_size": micro,
+            "batch_tokens": micro * context,
+            "tokens_per_parameter": per_parameter,
+            "epoch_tokens_per_parameter": per_parameter,
+        },
+    }
+
+
+def point_sets(context: int, micro: int, parameters: int, updates: int) -> list[str]:
+    """``point_overrides`` as the worker's ``--set`` values (a float as its repr: it reads back the same)."""
+    overrides = point_overrides(context, micro, parameters, updates)
     return [
-        f"model.context_length={context}",
-        f"training.micro_batch_size={micro}",
-        f"training.batch_tokens={micro * context}",
-        f"training.tokens_per_parameter={per_parameter!r}",
-        f"training.epoch_tokens_per_parameter={per_parameter!r}",
+        f"{section}.{key}={value!r}" for section, keys in overrides.items() for key, value in keys.items()
     ]
 
 

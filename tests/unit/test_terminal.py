@@ -18,7 +18,7 @@ import pytest
 from train_helpers import cli_sets
 
 from tiny_llm.cli import main
-from tiny_llm.progress import PROGRESS_ENV, counted, on_terminal, progress_bar
+from tiny_llm.terminal import PROGRESS_ENV, counted, on_terminal, progress_bar
 
 
 def drain(master: int, chunks: list[bytes]) -> None:
