@@ -399,7 +399,7 @@ def _rank_loses_its_peer(rank: int, init_file: str, out: str) -> None:
     if rank == 1:
         os._exit(0)  # no goodbye: as a killed rank
     try:
-        distributed.sum_over_ranks(torch.tensor(1.0, dtype=torch.float64), 3)
+        distributed.sum_over_ranks((torch.tensor(1.0, dtype=torch.float64),), (3,))
         message = "no error"
     except distributed.RankLostError as exc:
         message = str(exc)
