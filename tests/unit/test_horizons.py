@@ -144,14 +144,15 @@ def test_a_branch_refuses_states_it_does_not_share(
 
 
 def test_the_horizon_plot_is_ticked_at_the_horizons() -> None:
-    """A log axis alone labels 0.05 as a minor tick's 6 x 10^-2 and leaves 0.05 itself unlabelled."""
+    """A log axis alone labels 0.05 as a minor tick's 6 x 10^-2 and leaves 0.05 itself unlabelled; with two
+    sizes, every size's horizons are ticked, not only the last line's."""
     from matplotlib.pyplot import close
 
     from tiny_llm.report.horizons import draw
 
     rows = [
-        {"tokens_per_parameter": h, "mean_loss": loss, "sd_loss": None, "losses": {"42": loss}}
-        for h, loss in [(0.05, 7.2), (0.1, 7.17), (0.2, 7.01)]
+        {"parameters": n, "tokens_per_parameter": h, "mean_loss": loss, "sd_loss": None, "losses": {"42": loss}}
+        for n, h, loss in [(100, 0.05, 7.2), (100, 0.1, 7.17), (200, 0.1, 7.1), (200, 0.2, 7.01)]
     ]
     fig = draw(rows)
     fig.canvas.draw()

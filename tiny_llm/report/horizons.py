@@ -103,7 +103,8 @@ def draw(rows: list[dict[str, Any]]) -> Any:
     if len(sizes) > 1:
         ax.legend(fontsize=8)
     ax.set_xscale("log")
-    ax.set_xticks(x, [f"{horizon:g}" for horizon in x])  # 0.05, not a minor tick's 6 x 10^-2
+    horizons = sorted({r["tokens_per_parameter"] for r in rows})  # every size's, not the last line's
+    ax.set_xticks(horizons, [f"{horizon:g}" for horizon in horizons])  # 0.05, not a minor tick's 6 x 10^-2
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("training horizon (tokens per parameter)")
     ax.set_ylabel("final validation loss (nats)")
