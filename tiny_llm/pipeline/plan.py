@@ -165,7 +165,10 @@ class WorkflowPlan:
 
     def stamps(self, stage: str | None = None) -> list[str]:
         """The plan-file stamps a named target (``stage``; None: the default target) takes: those of every
-        stage the default target runs, and ``stage``'s (rules/plan_files.smk)."""
+        stage the default target runs, and ``stage``'s (rules/plan_files.smk). A stage this configuration
+        leaves out builds nothing, so its target writes nothing either."""
+        if stage is not None and stage in STAGES and not self.stage(stage).enabled:
+            return []
         stages = [name for name in STAGES if self.stage(name).enabled or name == stage]
         return self.files.stamps(stages)
 
