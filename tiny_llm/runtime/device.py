@@ -442,12 +442,18 @@ def dispatched_attention_kernels(run_forward_backward: Callable[[], Any]) -> lis
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak device memory (CUDA allocator) since the last ``reset_peak_memory``, or the peak resident set
-    size of this process (CPU; it cannot be reset, so it covers the whole process)."""
+    size of this process (CPU; it cannot be reset, so it covers the whole process). On Linux that is VmHWM:
+    ``ru_maxrss`` keeps the peak of the program this process replaced at exec, so a worker started by a
+    10 GB parent (a test runner, a controller) would report the parent's peak as its own."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    import resource
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def reset_peak_memory(device: torch.device) -> None:
