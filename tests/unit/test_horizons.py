@@ -151,8 +151,8 @@ def test_the_horizon_plot_is_ticked_at_the_horizons() -> None:
     from tiny_llm.report.horizons import draw
 
     rows = [
-        {"parameters": n, "tokens_per_parameter": h, "mean_loss": loss, "sd_loss": None, "losses": {"42": loss}}
-        for n, h, loss in [(100, 0.05, 7.2), (100, 0.1, 7.17), (200, 0.1, 7.1), (200, 0.2, 7.01)]
+        {"parameters": n, "tokens_per_parameter": h, "mean_loss": y, "sd_loss": None, "losses": {"42": y}}
+        for n, h, y in [(100, 0.05, 7.2), (100, 0.1, 7.17), (200, 0.1, 7.1), (200, 0.2, 7.01)]
     ]
     fig = draw(rows)
     fig.canvas.draw()
