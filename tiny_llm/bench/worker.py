@@ -378,18 +378,23 @@ def run_worker(recipe: RecipeConfig, options: WorkerOptions) -> dict[str, Any]:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             out["error"] = f"{type(exc).__name__}: {first}"
         out["traceback"] = traceback.format_exc(limit=8)
-    near = near_memory_limit(out) if out["status"] == "ok" else None
+    near = near_memory_limit(out, device) if out["status"] == "ok" else None
     if near is not None:
         out.update(status="memory_limit", error=near)
     _add_mfu(recipe, device, out)
     return out
 
 
-def near_memory_limit(out: dict[str, Any]) -> str | None:
+def near_memory_limit(out: dict[str, Any], device: torch.device) -> str | None:
     """The 90% guard: a measurement whose peak reaches 90% of the memory it may use is an out-of-memory in
     waiting (fragmentation, a longer run); its reason, or None. Under runtime.memory_limit_mb that is the cap,
-    against the peak beyond the baseline the cap counts from; otherwise the device's memory."""
+    against the peak beyond the baseline the cap counts from; otherwise the device's memory. On the CPU the
+    cap is the kernel's own limit on the data segment, exact for every allocation, while the peak there is
+    the resident set, which also grows by code and library pages touched for the first time (10 MiB at a
+    tiny model's first point): a CPU point under a cap is out of memory when an allocation failed, only."""
     peak, cap = out["peak_memory_bytes"], out.get("memory_limit_bytes")
+    if cap and device.type != "cuda":
+        return None
     if cap:
         used = max(0, peak - out["memory_baseline_bytes"])
         if used >= MEMORY_LIMIT_FRACTION * cap:
