@@ -33,11 +33,13 @@ class DataPlan:
         """The cache as rules name it: never a directory() output, which Snakemake deletes before a rerun."""
 
     def plan_cache(self, needs: list[int]) -> None:
-        """The cache's recipe: the first size's settings, train tokens for the largest need of any job."""
+        """The cache's recipe: the first size's settings, train tokens for the largest need of any job. Only
+        the sections the cache depends on (model, data): a change of training or runtime settings (the
+        checkpoint interval) rewrites no cache recipe, so it reruns no cache job and no job that reads it."""
         if self.book.sizes:
             first = next(iter(self.book.sizes))
-            recipe = self.book.recipe(first, {"data": {"prepare_train_tokens": max(needs)}})
-            self.files.add(PREPARE_RECIPE, recipe_to_dict(recipe), stage="data")
+            recipe = recipe_to_dict(self.book.recipe(first, {"data": {"prepare_train_tokens": max(needs)}}))
+            self.files.add(PREPARE_RECIPE, {key: recipe[key] for key in ("model", "data")}, stage="data")
 
     def cache_tokens_needed(self) -> list[int]:
         return [make_budget(self.book.size_recipe(size)).cache_tokens_needed for size in self.book.sizes]
