@@ -28,6 +28,23 @@ TINY_CACHE_TRAIN_TOKENS = 200_000
 """More than the `tiny` / `packed4-tiny` budgets need (~132k), so small overrides still fit."""
 
 
+# Units of README's `--dist loadgroup`: the Slurm tests run on one worker beside the rest (they mostly wait on
+# the cluster's time limits and requeues), and a module whose fixture trains a whole campaign or workflow runs
+# on one worker, which then builds that fixture once instead of once per worker.
+ONE_WORKER_MODULES = frozenset(
+    {"test_campaign_workflow", "test_faults", "test_plan_stamps", "test_rerun_complete", "test_workflow_e2e"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent.name == "slurm":
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.path.stem in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`-n N`) each worker's torch gets its share of the cores: N workers with a thread
     per core each would oversubscribe the machine (the fast tier runs with `-n 2`, README.md)."""
