@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -135,22 +136,26 @@ def kill_controller_during(controller: subprocess.Popen, workdir: Path, words: l
 
 def kill_controller_during_write(controller: subprocess.Popen, workdir: Path, written: str, log: str) -> bool:
     """kill -9 of the controller while one of its in-thread jobs (a plan file's, with no process to wait on)
-    runs: the job's ``log`` is made a FIFO, whose opening blocks the job once it has written ``written``.
-    False when the controller ended first."""
+    runs: the job's ``log`` is kept a FIFO, whose opening blocks the job once it has written ``written``.
+    Snakemake removes a job's old log just before the job runs, so the FIFO is made again whenever it is
+    gone; the kill comes once ``written`` exists with the FIFO in place (the job is then held before its
+    log and everything after it). False when the controller ended first, or the job got past the FIFO."""
     fifo = workdir / log
     fifo.parent.mkdir(parents=True, exist_ok=True)
     fifo.unlink(missing_ok=True)  # an earlier job's log (the job writes it anew)
-    os.mkfifo(fifo)
     try:
         while controller.poll() is None:
+            with contextlib.suppress(FileExistsError):  # ours, or the job's own log when it got past
+                os.mkfifo(fifo)
             if (workdir / written).exists():
+                held = stat.S_ISFIFO(fifo.stat().st_mode)
                 controller.kill()
                 controller.wait()
-                return True
-            time.sleep(0.01)
+                return held
+            time.sleep(0.001)
         return False
     finally:
-        fifo.unlink()
+        fifo.unlink(missing_ok=True)
 
 
 def is_idle(run_dir: Path) -> bool:

@@ -122,6 +122,8 @@ def test_a_controller_killed_during_a_local_job_needs_one_rerun(
         if controller.poll() is None:
             controller.kill()
     assert hit, (workdir / "killed.log").read_text()[-3000:]
+    if job == "plan-file-write":  # killed inside the job: the file written, its stamp not yet
+        assert (workdir / PLAN_FILE).exists() and not list((workdir / "results/.plan").glob(f"{key}-*"))
     configfile = workdir / "config.yaml"
     ok(snakemake(workdir, configfile, "--cores", "2", "campaign", "--unlock"))
     ok(snakemake(workdir, configfile, "--cores", "2", "campaign", timeout=600))  # the one rerun
