@@ -89,7 +89,8 @@ def ran_lines(plan: WorkflowPlan) -> list[str]:
     if plan.horizons.enabled:
         horizons = config["horizons"]
         lines.append(
-            f"WSD horizon study on {horizons['size']}: horizons {', '.join(map(str, horizons['horizons']))} "
+            f"WSD horizon study on {', '.join(plan.horizons.sizes)}: horizons "
+            f"{', '.join(map(str, horizons['horizons']))} "
             f"tokens per parameter, seeds {', '.join(map(str, horizons['seeds']))}."
         )
     if plan.noise.enabled:
@@ -175,14 +176,28 @@ def _packed_line() -> str:
 def _horizons_line() -> str:
     summary = _json(HORIZONS_SUMMARY)
     rows = summary.get("horizons") if isinstance(summary, dict) else None
-    losses = [
-        f"{row['tokens_per_parameter']:g} tokens/parameter {_nats(row['mean_loss'])}"
+    rows = [
+        row
         for row in rows or []
         if isinstance(row, dict)
         and _number(row.get("mean_loss")) is not None
         and _number(row.get("tokens_per_parameter")) is not None
     ]
+    sizes = sorted({row.get("parameters") for row in rows}, key=str)
+    if len(sizes) > 1:  # several sizes: each one's horizons after its parameter count
+        parts = [
+            f"{size:,} parameters: "
+            + ", ".join(_horizon(row) for row in rows if row.get("parameters") == size)
+            for size in sizes
+            if isinstance(size, int)
+        ]
+        return f"WSD horizons, final loss by horizon: {'; '.join(parts)}." if parts else ""
+    losses = [_horizon(row) for row in rows]
     return f"WSD horizons, final loss by horizon: {', '.join(losses)}." if losses else ""
+
+
+def _horizon(row: dict[str, Any]) -> str:
+    return f"{row['tokens_per_parameter']:g} tokens/parameter {_nats(row['mean_loss'])}"
 
 
 NOISE_SOURCES = {"init": "initial weights", "data": "data order", "both": "both"}
