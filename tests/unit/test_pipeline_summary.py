@@ -94,19 +94,19 @@ def test_a_horizon_study_over_several_sizes_is_named_by_its_sizes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The demo's study runs over horizons.sizes: the page names them (not horizons.size, None there), and
-    each size's losses follow its parameter count."""
+    each size's losses follow its parameter count, smallest first."""
     monkeypatch.chdir(tmp_path)
     rows = [
         {"parameters": n, "tokens_per_parameter": h, "mean_loss": loss}
-        for n, h, loss in [(1000, 0.05, 7.0), (1000, 0.1, 6.9), (2000, 0.05, 6.8), (2000, 0.1, 6.5)]
+        for n, h, loss in [(10000, 0.05, 6.8), (10000, 0.1, 6.5), (2000, 0.05, 7.0), (2000, 0.1, 6.9)]
     ]
     write_json("results/report/horizons/horizons.json", {"horizons": rows})
     text = summary_rst(plan_of(shipped("workflow_config.yaml")))
     study = "- WSD horizon study on demo-s, demo-m, demo-l: horizons 0.05, 0.1, 0.2 tokens per parameter"
     assert study in text
     assert (
-        "WSD horizons, final loss by horizon: 1,000 parameters: 0.05 tokens/parameter 7.0000, "
-        "0.1 tokens/parameter 6.9000; 2,000 parameters: 0.05 tokens/parameter 6.8000, 0.1 tokens/parameter "
+        "WSD horizons, final loss by horizon: 2,000 parameters: 0.05 tokens/parameter 7.0000, "
+        "0.1 tokens/parameter 6.9000; 10,000 parameters: 0.05 tokens/parameter 6.8000, 0.1 tokens/parameter "
         "6.5000." in text
     )
 

@@ -183,15 +183,14 @@ def _horizons_line() -> str:
         and _number(row.get("mean_loss")) is not None
         and _number(row.get("tokens_per_parameter")) is not None
     ]
-    sizes = sorted({row.get("parameters") for row in rows}, key=str)
+    sizes = sorted({row["parameters"] for row in rows if isinstance(row.get("parameters"), int)})
     if len(sizes) > 1:  # several sizes: each one's horizons after its parameter count
         parts = [
             f"{size:,} parameters: "
             + ", ".join(_horizon(row) for row in rows if row.get("parameters") == size)
             for size in sizes
-            if isinstance(size, int)
         ]
-        return f"WSD horizons, final loss by horizon: {'; '.join(parts)}." if parts else ""
+        return f"WSD horizons, final loss by horizon: {'; '.join(parts)}."
     losses = [_horizon(row) for row in rows]
     return f"WSD horizons, final loss by horizon: {', '.join(losses)}." if losses else ""
 
