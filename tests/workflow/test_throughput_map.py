@@ -74,7 +74,9 @@ def test_tiny_map_finds_its_frontier_resumes_and_reruns_nothing(tmp_path: Path) 
     summary = json.loads((tmp_path / "results" / "throughput" / "summary.json").read_text())
     lines = {row["context"]: row for row in summary["lines"]}
     for row in lines.values():
-        assert row["out_of_memory_confirmed"] and row["max_micro_batch_fits"] >= 1
+        walk = [(p["micro_batch_size"], p["trial"], p["status"], p.get("error")) for p in row["points"]]
+        assert row["out_of_memory_confirmed"], walk  # what each point of the line ended as, if not
+        assert row["max_micro_batch_fits"] >= 1, walk
         last = row["points"][-1]
         assert last["trial"] == "confirm" and last["micro_batch_size"] == 2 * row["max_micro_batch_fits"]
         assert row["tokens_per_second"] > 0 and row["gpu_hours_20_tokens_per_parameter"] > 0
