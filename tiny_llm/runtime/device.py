@@ -447,10 +447,11 @@ def peak_memory_bytes(device: torch.device) -> int:
     10 GB parent (a test runner, a controller) would report the parent's peak as its own."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    from tiny_llm.runtime.memory import status_bytes
+
     try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
+        return status_bytes("VmHWM")
+    except OSError:  # no /proc (not Linux)
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
