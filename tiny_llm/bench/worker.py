@@ -393,9 +393,9 @@ def near_memory_limit(out: dict[str, Any], device: torch.device) -> str | None:
     the resident set, which also grows by code and library pages touched for the first time (10 MiB at a
     tiny model's first point): a CPU point under a cap is out of memory when an allocation failed, only."""
     peak, cap = out["peak_memory_bytes"], out.get("memory_limit_bytes")
-    if cap and device.type != "cuda":
-        return None
     if cap:
+        if device.type != "cuda":
+            return None
         used = max(0, peak - out["memory_baseline_bytes"])
         if used >= MEMORY_LIMIT_FRACTION * cap:
             mib = used / 2**20

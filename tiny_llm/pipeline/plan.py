@@ -167,10 +167,9 @@ class WorkflowPlan:
         """The plan-file stamps a named target (``stage``; None: the default target) takes: those of every
         stage the default target runs, and ``stage``'s (rules/plan_files.smk). A stage this configuration
         leaves out builds nothing, so its target writes nothing either."""
-        if stage is not None and stage in STAGES and not self.stage(stage).enabled:
+        if stage is not None and not self.stage(stage).enabled:
             return []
-        stages = [name for name in STAGES if self.stage(name).enabled or name == stage]
-        return self.files.stamps(stages)
+        return self.files.stamps(name for name in STAGES if self.stage(name).enabled)
 
     def uses_gpu(self) -> bool:
         """Whether any size of this configuration trains on a GPU (the demo's do not)."""
