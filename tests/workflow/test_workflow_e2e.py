@@ -84,6 +84,17 @@ def trainer_pid(snakemake_pid: int) -> int | None:
     return None
 
 
+def wait_for_pending(pid: int, signum: int, timeout: float) -> bool:
+    """Wait until ``signum`` is pending for the (stopped) process ``pid``: True once it is."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        if (int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) >> (signum - 1) & 1:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def kill_trainer_after_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> None:
     """Wait until the training job has saved a resumable state and logged past it, then SIGKILL it."""
     deadline = time.monotonic() + timeout
@@ -247,11 +258,17 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
         )
         try:
             deadline = time.monotonic() + 240
-            while not (run_dir / "latest.pt").exists() or trainer_pid(proc.pid) is None:
+            while not (run_dir / "latest.pt").exists() or (trainer := trainer_pid(proc.pid)) is None:
                 assert time.monotonic() < deadline and proc.poll() is None, "training never started"
                 time.sleep(0.05)
+            # The trainer is frozen until the controller's SIGTERM reaches it: a busy machine that delays the
+            # controller's handler must not let the run train on to its end (what this test would then see).
+            os.kill(trainer, signal.SIGSTOP)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
+            reached = wait_for_pending(trainer, signal.SIGTERM, timeout=60)
+            os.kill(trainer, signal.SIGCONT)
+            assert reached, "the controller did not pass SIGTERM on to the training job"
             returncode = proc.wait(timeout=60)
             stopped_after = time.monotonic() - started
         finally:
