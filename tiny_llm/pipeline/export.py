@@ -65,8 +65,9 @@ class ExportPlan:
         return [EXPORTS_MODELS, EXPORTS_SAMPLES, EXPORTS_TABLE, EXPORTS_JSON]
 
     def resources(self, wildcards: Any) -> Resources:
-        """Exports run on the CPU: a few GB and minutes even for the largest preset."""
-        return Resources(2, 8000, 30, 0)
+        """Exports run on the CPU: a few GB and minutes even for the largest preset, on one core (they write
+        files and sample a few dozen tokens: a second core sat idle and kept other jobs from starting)."""
+        return Resources(1, 8000, 30, 0)
 
     def cache_tokens_needed(self) -> list[int]:
         return []
