@@ -19,7 +19,7 @@ rule fit_scaling:
     log:
         "logs/fit_scaling/fit.log",
     benchmark:
-        "logs/fit_scaling/fit.tsv",
+        "logs/fit_scaling/fit.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -38,7 +38,7 @@ rule predict_run:
     log:
         "logs/predict_run/prediction.log",
     benchmark:
-        "logs/predict_run/prediction.tsv",
+        "logs/predict_run/prediction.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
@@ -60,7 +60,7 @@ rule train_verify:
     log:
         "logs/train_verify/verify.log",
     benchmark:
-        "logs/train_verify/verify.tsv",
+        "logs/train_verify/verify.tsv"
     conda:
         "../envs/torch.yaml"
     threads: PLAN.threads("fit")
@@ -100,7 +100,7 @@ rule report_fit:
     log:
         "logs/report_fit/fit.log",
     benchmark:
-        "logs/report_fit/fit.tsv",
+        "logs/report_fit/fit.tsv"
     localrule: True
     conda:
         "../envs/report.yaml"
