@@ -550,7 +550,7 @@ def test_a_cpu_profile_has_no_cuda_graph_stage() -> None:
     """A CPU cannot capture a CUDA graph: the demo's profile, and any cpu profile, plan no such slot."""
     demo = plan_of(shipped("workflow_config.yaml")).tuning
     slots = make_plan(profile_from_dict("cpu", demo.profile_mapping("cpu"))).slots
-    assert [s.stage_name for s in slots if s.stage > 2][-1] == "threads"
+    assert [s.stage_name for s in slots if s.stage > 2][-1] == "precision"  # the demo leaves out threads
     assert not any(s.stage_name == "cuda_graph" or "cuda_graph" in str(s.overrides) for s in slots)
     explicit = profile_from_dict("c", {"configs": ["tiny"], "space": "cpu", "cuda_graph": True})
     assert [spec.name for spec in stage_specs(explicit, 16)] == [
