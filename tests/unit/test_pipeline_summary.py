@@ -58,6 +58,14 @@ def finished_demo() -> None:
     write_json("results/report/horizons/horizons.json", {"horizons": horizons})
     groups = [{"source": "init", "sd": 0.01, "share": 0.6}, {"source": "both", "sd": 0.0125, "share": 1.0}]
     write_json("results/report/noise/noise.json", {"groups": groups, "total": "both"})
+    write_json("results/report/fit/summary.json", fit_summary(realised=6.8078))
+
+
+def fit_summary(realised: float) -> dict:
+    """The fit report's summary.json, its verification part: the prediction made before the run trained."""
+    interval = [6.2523, 7.045]
+    loss = {"predicted": 6.641, "prediction_interval": interval, "realised": realised}
+    return {"verification": {"prediction": {"confidence": 0.95}, "loss": loss}}
 
 
 def test_the_front_page_says_what_ran_and_what_won(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,6 +96,23 @@ def test_the_front_page_says_what_ran_and_what_won(tmp_path: Path, monkeypatch: 
         "- Noise study, SD of the final loss over seeds when varying: initial weights 0.0100, both 0.0125."
         in text
     )
+    assert (
+        "- Scaling fit: L(N, D) over demo-s, demo-m, demo-l, with bootstrap intervals; it predicts demo-s at "
+        "0.4 tokens per parameter before that run trains." in text
+    )
+    assert (
+        "- Scaling fit: demo-s at 0.4 tokens per parameter was predicted at loss 6.6410 (95% prediction "
+        "interval 6.2523 to 7.0450) before it trained, and realised 6.8078: inside the interval." in text
+    )
+
+
+def test_a_verified_run_outside_the_fits_interval_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_json("results/report/fit/summary.json", fit_summary(realised=7.2))
+    text = summary_rst(plan_of(shipped("workflow_config.yaml")))
+    assert "and realised 7.2000: outside the interval." in text
 
 
 def test_a_horizon_study_over_several_sizes_is_named_by_its_sizes(

@@ -3,8 +3,9 @@
 Written by rule summarize_workflow (rules/report.smk) once every stage of the default target is finished,
 from the plan (what ran) and the finished result files (what won): the best run of each size with its loss
 and bits per byte, the selected candidate of each tuning profile, each campaign stage's best configuration,
-the packed benchmark's speedups, the best WSD horizon and the noise study's spread. report/workflow.rst
-includes it. A result that is missing or unreadable leaves its line out. Torch- and Snakemake-free.
+the packed benchmark's speedups, the best WSD horizon, the noise study's spread and the scaling fit's
+prediction against the run that verified it. report/workflow.rst includes it. A result that is missing or
+unreadable leaves its line out. Torch- and Snakemake-free.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tiny_llm.io import atomic_write_text
 from tiny_llm.pipeline.controller import best_runs
 from tiny_llm.pipeline.layout import (
+    FIT_SUMMARY,
     HORIZONS_SUMMARY,
     NOISE_SUMMARY,
     PACKED_BENCH_SUMMARY,
@@ -96,7 +98,21 @@ def ran_lines(plan: WorkflowPlan) -> list[str]:
     if plan.noise.enabled:
         noise = config["noise"]
         lines.append(f"Noise study on {noise['size']}: {noise['repeats']} seeds per source of randomness.")
+    if plan.fit.enabled:
+        lines.append(_fit_ran_text(plan))
     return lines
+
+
+def _fit_ran_text(plan: WorkflowPlan) -> str:
+    sizes = ", ".join(name for _, name in sorted(plan.fit.sizes.items()))
+    text = f"Scaling fit: L(N, D) over {sizes}, with bootstrap intervals"
+    verify = plan.fit.section["verify"]
+    if verify is None:
+        return text + "."
+    return (
+        f"{text}; it predicts {verify['size']} at {verify['horizon']} tokens per parameter before that run "
+        "trains."
+    )
 
 
 def _stage_text(plan: WorkflowPlan, stage: str) -> str:
@@ -130,6 +146,8 @@ def won_lines(plan: WorkflowPlan) -> list[str]:
         lines.append(_horizons_line())
     if plan.noise.enabled:
         lines.append(_noise_line())
+    if plan.fit.enabled and plan.fit.section["verify"] is not None:
+        lines.append(_fit_line(plan.fit.section["verify"]))
     return [line for line in lines if line]
 
 
@@ -213,6 +231,30 @@ def _noise_line() -> str:
     ]
     return (
         f"Noise study, SD of the final loss over seeds when varying: {', '.join(spreads)}." if spreads else ""
+    )
+
+
+def _fit_line(verify: dict[str, Any]) -> str:
+    """The fit's prediction for the verifying run, its prediction interval and what the run realised."""
+    summary = _json(FIT_SUMMARY)
+    checked = summary.get("verification") if isinstance(summary, dict) else None
+    if not isinstance(checked, dict) or not isinstance(loss := checked.get("loss"), dict):
+        return ""
+    predicted, realised = _number(loss.get("predicted")), _number(loss.get("realised"))
+    interval = loss.get("prediction_interval")
+    if predicted is None or realised is None or not isinstance(interval, list) or len(interval) != 2:
+        return ""
+    low, high = (_number(bound) for bound in interval)
+    if low is None or high is None:
+        return ""
+    prediction = checked.get("prediction")
+    confidence = _number(prediction.get("confidence")) if isinstance(prediction, dict) else None
+    level = f"{confidence:.0%} " if confidence is not None else ""
+    verdict = "inside" if low <= realised <= high else "outside"
+    return (
+        f"Scaling fit: {verify['size']} at {verify['horizon']} tokens per parameter was predicted at loss "
+        f"{predicted:.4f} ({level}prediction interval {low:.4f} to {high:.4f}) before it trained, and "
+        f"realised {realised:.4f}: {verdict} the interval."
     )
 
 
