@@ -100,6 +100,8 @@ def test_export_stage_plans_runs_and_the_best_of_each_campaign_size() -> None:
     assert [path.split("/")[-1] for path in quiet.export.directories()] == list(config["runs"])
     assert quiet.default_targets("export") == [] and quiet.targets("export")
     assert plan.export.options() == "--dtype float32 --gguf" and quiet.export.options() == "--dtype float32"
+    # one core: an export beside a training job, not alone on two cores of which it uses one
+    assert plan.threads("export")(SimpleNamespace(run="demo-s")) == 1
     config["export"] = {"sampling": {"top_p": 2}}
     with pytest.raises(ConfigError, match=r"export.sampling.top_p: must be in \(0, 1\], got 2"):
         plan_of(config)
