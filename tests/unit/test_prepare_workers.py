@@ -61,11 +61,17 @@ def test_a_killed_tokenizing_worker_is_one_line_and_nothing_is_published(
     tmp_path: Path, tiny_recipe_args: Callable[[Path], list[str]], monkeypatch, capsys
 ) -> None:
     """The kernel's out-of-memory killer taking a worker mid-prepare: one line, not BrokenProcessPool's
-    traceback, and no cache (nor partial one) left behind."""
+    traceback, and no cache (nor partial one) left behind.
+
+    Both workers run before the first batch is read: a worker the executor started on demand while it
+    cleaned up after the killed one escaped that clean-up, and the executor waited on it for ever."""
     read = CorpusSource.iter_texts
+    running_at_first_batch = []
 
     def killing_after_the_first_batch(self, *args, **kwargs):
         for number, batch in enumerate(read(self, *args, **kwargs)):
+            if number == 0:
+                running_at_first_batch.append(len(multiprocessing.active_children()))
             if number == 1:
                 for worker in multiprocessing.active_children():
                     os.kill(worker.pid, signal.SIGKILL)
@@ -78,4 +84,5 @@ def test_a_killed_tokenizing_worker_is_one_line_and_nothing_is_published(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {WORKER_DIED}"
+    assert running_at_first_batch == [2]
     assert not cache.exists() and not cache.with_name("cache.partial").exists()

@@ -20,10 +20,11 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -392,6 +393,7 @@ class SplitWriter:
 
 
 _WORKER_TOKENIZER: TextTokenizer | None = None
+_ALL_STARTED: BarrierType | None = None
 
 
 @dataclass(frozen=True)
@@ -409,17 +411,26 @@ def worker_pool(workers: int, tokenizer_dir: Path, fingerprint: str) -> Iterator
     Each process loads the saved tokenizer and checks it against ``fingerprint``, so the tokens, and the
     cache's bytes, are those of one process. Spawned, not forked: the reader thread and the tokenizer's
     thread pool would not survive a fork.
+
+    Every worker is started before the first batch is sent. A spawning executor otherwise starts workers
+    as work is submitted, and one started while the executor handles a killed worker escapes its clean-up:
+    the executor then waits on it for ever instead of reporting the death (Python 3.11).
     """
     if workers == 1:
         yield None
         return
+    context = multiprocessing.get_context("spawn")
+    all_started = context.Barrier(workers)
     executor = ProcessPoolExecutor(
         workers,
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=context,
         initializer=_load_worker_tokenizer,
-        initargs=(str(tokenizer_dir), fingerprint),
+        initargs=(str(tokenizer_dir), fingerprint, all_started),
     )
     with executor:
+        # Each of these waits for the others, so none ends before ``workers`` processes run them.
+        for started in [_submit(executor, _wait_for_all_workers) for _ in range(workers)]:
+            _result(started)
         yield WorkerPool(executor, workers)
 
 
@@ -434,7 +445,7 @@ def encode_in_processes(
     pending: collections.deque[Future[tuple[int, np.ndarray]]] = collections.deque()
     try:
         for texts in batches:
-            pending.append(_submit(pool, texts))
+            pending.append(_submit(pool.executor, _encode_in_worker, texts))
             if len(pending) >= pool.workers * ENCODE_AHEAD:
                 yield _result(pending.popleft())
         while pending:
@@ -456,24 +467,25 @@ WORKER_DIED = (
 )
 
 
-def _submit(pool: WorkerPool, texts: list[str]) -> Future[tuple[int, np.ndarray]]:
+def _submit(executor: ProcessPoolExecutor, fn: Callable[..., T], *args: object) -> Future[T]:
     try:
-        return pool.executor.submit(_encode_in_worker, texts)
+        return executor.submit(fn, *args)
     except BrokenProcessPool:
         raise DataError(WORKER_DIED) from None
 
 
-def _result(future: Future[tuple[int, np.ndarray]]) -> tuple[int, np.ndarray]:
-    """A batch's tokens; a worker that died (the kernel's OOM killer, a kill) is one line, not the
-    executor's BrokenProcessPool traceback."""
+def _result(future: Future[T]) -> T:
+    """A batch's tokens (or a start's None); a worker that died (the kernel's OOM killer, a kill) is one
+    line, not the executor's BrokenProcessPool traceback."""
     try:
         return future.result()
     except BrokenProcessPool:
         raise DataError(WORKER_DIED) from None
 
 
-def _load_worker_tokenizer(directory: str, fingerprint: str) -> None:
-    global _WORKER_TOKENIZER
+def _load_worker_tokenizer(directory: str, fingerprint: str, all_started: BarrierType) -> None:
+    global _WORKER_TOKENIZER, _ALL_STARTED
+    _ALL_STARTED = all_started
     # One core per worker (N workers use N cores): the tokenizers' own thread pools would oversubscribe.
     os.environ["RAYON_NUM_THREADS"] = "1"
     tokenizer = load_tokenizer(directory)
@@ -482,6 +494,11 @@ def _load_worker_tokenizer(directory: str, fingerprint: str) -> None:
     if tokenizer.fingerprint != fingerprint:
         raise DataError(f"prepare worker: the tokenizer saved in {directory} differs from the preparer's")
     _WORKER_TOKENIZER = tokenizer
+
+
+def _wait_for_all_workers() -> None:
+    assert _ALL_STARTED is not None, "the pool's initializer ran"
+    _ALL_STARTED.wait()
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[int, np.ndarray]:
