@@ -60,6 +60,8 @@ def campaign_config(fault_benchmark: ModuleType) -> dict[str, Any]:
 class Reference:
     base: Path
     """The data stage and the tuning, built once and copied for every case."""
+    finished: Path
+    """The uninterrupted campaign: the cases of its later jobs start from it, less what those jobs wrote."""
     fingerprint: dict[str, Any]
 
 
@@ -79,7 +81,33 @@ def reference(tmp_path_factory: pytest.TempPathFactory, fault_benchmark: ModuleT
     ok(snakemake(base, configfile, "--cores", "2", "data", TUNING_SELECTED))
     whole = shutil.copytree(base, tmp_path_factory.mktemp("uninterrupted") / "w", symlinks=True)
     ok(snakemake(whole, whole / "config.yaml", "--cores", "2", "campaign", timeout=600))
-    return Reference(base, fingerprint(whole))
+    return Reference(base, whole, fingerprint(whole))
+
+
+# The jobs that run after the campaign's first stage has trained: their cases start from the finished
+# campaign without the files of those jobs and the jobs after them (the same tree as when they first ran),
+# not from the base, where the rerun would train the campaign's first stage again for nothing.
+AFTER_THE_FIRST_STAGE = {
+    "campaign-select": "select_run",
+    "campaign-rank": "rank_stage",
+    "campaign-report": "report_campaign",
+}
+
+
+def before_rule_ran(reference: Reference, workdir: Path, rule: str) -> Path:
+    """A copy of the finished campaign without what every job of ``rule``, and every job after it, wrote: a
+    training job's whole run directory, the declared outputs of the others."""
+    workdir = shutil.copytree(reference.finished, workdir, symlinks=True)
+    planned = ok(snakemake(workdir, workdir / "config.yaml", "-n", "--forcerun", rule, "campaign"))
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    (?!output:).*\n)*    output: (.+)$", planned, re.M)
+    assert any(name == rule for name, _ in jobs), planned
+    for name, outputs in jobs:
+        for output in outputs.split(", "):
+            if name == "train_campaign":
+                shutil.rmtree(workdir / Path(output).parent)
+            else:
+                (workdir / output).unlink(missing_ok=True)
+    return workdir
 
 
 def stamp_job_log(workdir: Path, plan_file: str) -> str:
@@ -101,7 +129,10 @@ def start_campaign(workdir: Path) -> subprocess.Popen:
 def test_a_controller_killed_during_a_local_job_needs_one_rerun(
     reference: Reference, tmp_path: Path, job: str
 ) -> None:
-    workdir = shutil.copytree(reference.base, tmp_path / "w", symlinks=True)
+    if job in AFTER_THE_FIRST_STAGE:
+        workdir = before_rule_ran(reference, tmp_path / "w", AFTER_THE_FIRST_STAGE[job])
+    else:
+        workdir = shutil.copytree(reference.base, tmp_path / "w", symlinks=True)
     stamp_log = ""
     if job == "plan-file-write":  # `data` wrote every plan file of the base: this one is written again
         (workdir / PLAN_FILE).unlink()
@@ -153,7 +184,7 @@ runpy.run_module("snakemake", run_name="__main__")
 
 
 def test_a_run_that_leaves_a_target_unbuilt_fails_in_one_line(reference: Reference, tmp_path: Path) -> None:
-    workdir = shutil.copytree(reference.base, tmp_path / "w", symlinks=True)
+    workdir = before_rule_ran(reference, tmp_path / "w", "rank_stage")  # a job before the report runs
     args = snakemake_command(workdir, workdir / "config.yaml", "--cores", "2", "campaign")[3:]
     proc = subprocess.run(
         [sys.executable, "-c", SKIPS_THE_REPORT, *args],
