@@ -114,6 +114,28 @@ def wait_for_exit(pid: int) -> None:
         time.sleep(0.02)
 
 
+def signal_reached(pid: int, signum: int) -> bool:
+    """Whether ``signum`` has reached the process ``pid``, which the caller stopped (SIGSTOP): the signal is
+    pending, or the process runs again or is gone (Slurm sends SIGCONT with a signal to a job step)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines())
+    pending = (int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) >> (signum - 1) & 1
+    return bool(pending) or fields["State"].split()[0] not in ("T", "t")
+
+
+def wait_for_signal(pid: int, signum: int, timeout: float) -> bool:
+    """Wait until ``signum`` has reached the stopped process ``pid`` (`signal_reached`): True once it has."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if signal_reached(pid, signum):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def kill_controller_during(controller: subprocess.Popen, workdir: Path, words: list[str]) -> int | None:
     """kill -9 of the controller while one of its local jobs (``local_jobs(workdir, words)``) runs, then that
     job left to finish as an orphan. The job is paused (SIGSTOP) as soon as its process exists, so the

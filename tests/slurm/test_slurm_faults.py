@@ -5,7 +5,8 @@
   retry (more time) resumes from that state and the run completes. The limit is shortened once the trainer
   has logged an update (as an admin or `scontrol update` by the user would): slurmctld sends the signal at
   its 30 s checks, so with a limit fixed at submission a job slow to start (a busy machine) got it before its
-  step existed and ran into its limit.
+  step existed and ran into its limit. The trainer is frozen (SIGSTOP) from then until the signal is pending
+  for it, so it is mid-run when the signal comes however long slurmctld takes, and the run can be short.
 - A running training job requeued by Slurm (`scontrol requeue`, as preemption does): the trainer saves its
   state, the controller keeps waiting while Slurm holds the job pending (it polls `squeue` meanwhile and
   submits no retry of its own), and the same Slurm job, restarted, resumes the run.
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,8 +42,10 @@ from slurm_helpers import (
     shim_calls,
     start_snakemake,
     submitted_jobs,
+    trainers,
     unavailable_reason,
     wait_for,
+    wait_for_signal,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,10 +55,9 @@ SIGNAL_LEAD = 120
 
 
 def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
-    """`tiny` made long by repeating its data: `long` (30 passes) and `requeued` (4 passes).
+    """`tiny` made long by repeating its data: `long` (6 passes, 22 s here) and `requeued` (4 passes).
 
-    `long` trains for well over the 30 s between its first update and its early signal on any machine (6
-    passes took 22 s here); its limit (10 min, 20 on the retry) is shortened by the test.
+    `long`'s limit (10 min, 20 on the retry) is shortened by the test.
 
     Both sizes are in every config of this module, so the cache recipe never changes and it is prepared once.
     Only a signal saves state here (no rolling checkpoint before the run ends).
@@ -68,7 +71,7 @@ def workflow_config(corpus: Path, tokenizer: Path, runs: dict) -> dict:
     return {
         "data": {"corpus": str(corpus), "tokenizer": str(tokenizer), "cache_dir": "results/data/cache"},
         "sizes": {
-            "long": {**base, "runtime_minutes": 10, "overrides": repeated(30)},
+            "long": {**base, "runtime_minutes": 10, "overrides": repeated(6)},
             "requeued": {**base, "runtime_minutes": 10, "overrides": repeated(4)},
         },
         "recipe_defaults": {
@@ -180,11 +183,18 @@ def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Se
     profile = setup.profile("timelimit", {"long": {"size": "long"}})
     run_dir, log = setup.root / "results/runs/long", setup.root / "controller-timelimit.log"
     with training_controller(setup, profile, run_dir, log, "--verbose") as (controller, slurm_id):
-        # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it, and
-        # the trainer has over 30 s to save its state before the limit
-        limit = elapsed_seconds(slurm_id) // 60 + 2
-        update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
-        subprocess.run(update, check=True, timeout=30)
+        (trainer,) = [pid for pid, run in trainers(setup.root).items() if run == run_dir]
+        os.kill(trainer, signal.SIGSTOP)
+        try:
+            # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it,
+            # and the trainer has over 30 s to save its state before the limit
+            limit = elapsed_seconds(slurm_id) // 60 + 2
+            update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
+            subprocess.run(update, check=True, timeout=30)
+            assert wait_for_signal(trainer, signal.SIGTERM, timeout=90), "no early signal from Slurm"
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # Slurm resumed it, and it may have ended since
+                os.kill(trainer, signal.SIGCONT)
         assert controller.wait(timeout=900) == 0, log.read_text()[-6000:]
     output = log.read_text()
     calls = [ln for ln in output.splitlines() if ln.startswith("sbatch call:") and "rule_train_run" in ln]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from faults_driver import wait_for_signal
 from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -82,17 +83,6 @@ def trainer_pid(snakemake_pid: int) -> int | None:
         if b"tiny_llm" in argv and b"train" in argv and b"--resume" in argv:
             return pid
     return None
-
-
-def wait_for_pending(pid: int, signum: int, timeout: float) -> bool:
-    """Wait until ``signum`` is pending for the (stopped) process ``pid``: True once it is."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-        if (int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)) >> (signum - 1) & 1:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def kill_trainer_after_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float = 240) -> None:
@@ -266,7 +256,7 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
             os.kill(trainer, signal.SIGSTOP)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            reached = wait_for_pending(trainer, signal.SIGTERM, timeout=60)
+            reached = wait_for_signal(trainer, signal.SIGTERM, timeout=60)
             os.kill(trainer, signal.SIGCONT)
             assert reached, "the controller did not pass SIGTERM on to the training job"
             returncode = proc.wait(timeout=60)
