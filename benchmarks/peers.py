@@ -62,6 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="updates per timed window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--clock", choices=sorted(CLOCK), default="wall", help="cpu: process CPU seconds")
+    parser.add_argument(
+        "--compile-backend",
+        choices=("inductor", "aot_eager"),
+        default="inductor",
+        help="torch.compile backend of the compiled peers; aot_eager captures and differentiates the graph "
+        "without generating code (a quick check on the CPU, not a figure to report)",
+    )
     parser.add_argument("--one", choices=PEERS, help=argparse.SUPPRESS)  # a child process: one peer
     return parser.parse_args(argv)
 
@@ -89,7 +96,7 @@ def library(recipe: RecipeConfig, device: torch.device) -> Update:
     return update
 
 
-def transformers_peer(recipe: RecipeConfig, device: torch.device, compiled: bool) -> Update:
+def transformers_peer(recipe: RecipeConfig, device: torch.device, backend: str | None) -> Update:
     """LlamaForCausalLM from the export's files, its own forward, our loss, accumulation and AdamW."""
     import transformers
     from safetensors.torch import save_file
@@ -112,7 +119,8 @@ def transformers_peer(recipe: RecipeConfig, device: torch.device, compiled: bool
         logits = model(input_ids=inputs, use_cache=False).logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
 
-    return accumulating_update(model, torch.compile(loss_sum) if compiled else loss_sum, recipe, device)
+    compiled = torch.compile(loss_sum, backend=backend) if backend else loss_sum
+    return accumulating_update(model, compiled, recipe, device)
 
 
 def accumulating_update(
@@ -137,7 +145,7 @@ def accumulating_update(
     return update
 
 
-def minimal_loop(recipe: RecipeConfig, device: torch.device) -> Update:
+def minimal_loop(recipe: RecipeConfig, device: torch.device, backend: str) -> Update:
     """A nanoGPT-style loop: one model, fused AdamW, compiled forward+loss, no host read per update."""
     model = build_model(recipe, device).train()
     opt = recipe.optimizer
@@ -150,7 +158,7 @@ def minimal_loop(recipe: RecipeConfig, device: torch.device) -> Update:
     )
     micro, clip = recipe.training.micro_batch_size, opt.grad_clip
 
-    @torch.compile
+    @torch.compile(backend=backend)
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = model(x)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
@@ -172,12 +180,12 @@ def minimal_loop(recipe: RecipeConfig, device: torch.device) -> Update:
     return update
 
 
-def build_peer(name: str, recipe: RecipeConfig, device: torch.device) -> Update:
+def build_peer(name: str, recipe: RecipeConfig, device: torch.device, backend: str) -> Update:
     if name == "library":
         return library(recipe, device)
     if name == "minimal":
-        return minimal_loop(recipe, device)
-    return transformers_peer(recipe, device, compiled=name == "transformers-compiled")
+        return minimal_loop(recipe, device, backend)
+    return transformers_peer(recipe, device, backend if name == "transformers-compiled" else None)
 
 
 def batches(recipe: RecipeConfig, count: int) -> list[torch.Tensor]:
@@ -193,7 +201,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     """One peer under the protocol (run in its own process)."""
     recipe = load_recipe([args.config], [*args.set, f"runtime.cpu_threads={args.threads}"])
     device = setup_runtime(recipe)
-    update = build_peer(name, recipe, device)
+    update = build_peer(name, recipe, device, args.compile_backend)
     data = [to_device(b, device) for b in batches(recipe, args.warmup + args.windows * args.steps)]
     tokens = recipe.training.batch_tokens
     losses: list[torch.Tensor | float] = []
@@ -251,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             "figure": "median",
             "clock": args.clock,
         },  # fmt: skip
+        "compile_backend": args.compile_backend,
         "torch": torch.__version__,
         "peers": peers,
     }
