@@ -126,14 +126,14 @@ def signal_reached(pid: int, signum: int) -> bool:
     return bool(pending) or fields["State"].split()[0] not in ("T", "t")
 
 
-def wait_for_signal(pid: int, signum: int, timeout: float) -> bool:
-    """Wait until ``signum`` has reached the stopped process ``pid`` (`signal_reached`): True once it has."""
+def wait_until(predicate: Any, timeout: float) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` seconds have passed (False)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if signal_reached(pid, signum):
-            return True
-        time.sleep(0.05)
-    return False
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def kill_controller_during(controller: subprocess.Popen, workdir: Path, words: list[str]) -> int | None:

@@ -9,10 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
-from faults_driver import LOCAL_JOB_KIND, trainers
+from faults_driver import LOCAL_JOB_KIND, trainers, wait_until
 from snakemake_driver import REPO
 
 SLURM_KINDS = ("scancel", "time_limit", "requeue", "node_down", "kill_controller", LOCAL_JOB_KIND)
@@ -68,15 +67,6 @@ def slurm_job_of(pid: int) -> str | None:
         return None
     ids = [item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"SLURM_JOB_ID=")]
     return ids[0] if ids else None
-
-
-def wait_until(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def release_held(workdir: Path, job_ids: list[str]) -> None:

@@ -21,8 +21,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the shared command builder
 
+from faults_driver import signal_reached as signal_reached  # noqa: E402
 from faults_driver import trainers as trainers  # noqa: E402 - the tests import them from here
-from faults_driver import wait_for_signal as wait_for_signal  # noqa: E402
 from snakemake_driver import REPO  # noqa: E402
 from snakemake_driver import SNAKEFILE as SNAKEFILE  # noqa: E402 - the tests import it from here
 from snakemake_driver import snakemake_command as repository_snakemake  # noqa: E402

@@ -40,12 +40,12 @@ from slurm_helpers import (
     derive_profile,
     detect_cluster,
     shim_calls,
+    signal_reached,
     start_snakemake,
     submitted_jobs,
     trainers,
     unavailable_reason,
     wait_for,
-    wait_for_signal,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -183,7 +183,9 @@ def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Se
     profile = setup.profile("timelimit", {"long": {"size": "long"}})
     run_dir, log = setup.root / "results/runs/long", setup.root / "controller-timelimit.log"
     with training_controller(setup, profile, run_dir, log, "--verbose") as (controller, slurm_id):
-        (trainer,) = [pid for pid, run in trainers(setup.root).items() if run == run_dir]
+        found = [pid for pid, run in trainers(setup.root).items() if run == run_dir]
+        assert len(found) == 1, f"not one trainer of {run_dir} running: {found}"
+        trainer = found[0]
         os.kill(trainer, signal.SIGSTOP)
         try:
             # a limit 1-2 min away: within the signal's lead, so slurmctld's next check (<= 30 s) sends it,
@@ -191,7 +193,8 @@ def test_a_job_at_its_time_limit_saves_its_state_and_the_retry_resumes(setup: Se
             limit = elapsed_seconds(slurm_id) // 60 + 2
             update = ["scontrol", "update", f"jobid={slurm_id}", f"TimeLimit={limit}"]
             subprocess.run(update, check=True, timeout=30)
-            assert wait_for_signal(trainer, signal.SIGTERM, timeout=90), "no early signal from Slurm"
+            reached = wait_for(lambda: signal_reached(trainer, signal.SIGTERM), 90)
+            assert reached, "no early signal from Slurm"
         finally:
             with contextlib.suppress(ProcessLookupError):  # Slurm resumed it, and it may have ended since
                 os.kill(trainer, signal.SIGCONT)

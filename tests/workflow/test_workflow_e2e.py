@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from faults_driver import wait_for_signal
+from faults_driver import signal_reached, wait_until
 from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -256,7 +256,7 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
             os.kill(trainer, signal.SIGSTOP)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            reached = wait_for_signal(trainer, signal.SIGTERM, timeout=60)
+            reached = wait_until(lambda: signal_reached(trainer, signal.SIGTERM), 60)
             os.kill(trainer, signal.SIGCONT)
             assert reached, "the controller did not pass SIGTERM on to the training job"
             returncode = proc.wait(timeout=60)
