@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "noise study: each seed source's share of the variance; its estimate",
     ),
     "fit": ("tiny_llm.commands.fit", "scaling laws of finished runs: fit, predict a run, report, estimate"),
+    "fork-server": ("tiny_llm.commands.fork_server", "fork a local workflow's jobs from one warm process"),
     "throughput": ("tiny_llm.commands.throughput", "throughput map: one point, its report, its estimate"),
 }
 
@@ -92,6 +93,17 @@ def check_workflow_inputs() -> None:
         check_plan_files(expected)
 
 
+def _forwarded(name: str, argv: list[str]) -> int | None:
+    """The exit status of the command run by a local workflow's fork server, None where none takes it. The
+    ranks of `launch` start on their own (each rank's environment is its own)."""
+    from tiny_llm.runtime.forkserver import FORK_SERVER_ENV, forward, may_forward
+
+    path = os.environ.get(FORK_SERVER_ENV)
+    if not path or name in ("launch", "fork-server") or not may_forward():
+        return None
+    return forward(path, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -102,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     module_name, help_text = COMMANDS[name]
+    if (code := _forwarded(name, argv)) is not None:
+        return code
     try:
         check_workflow_inputs()
         module = importlib.import_module(module_name)

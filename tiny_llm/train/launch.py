@@ -40,6 +40,7 @@ from types import FrameType
 
 from tiny_llm.io import private_directory
 from tiny_llm.runtime.device import SLOTS_HELD_ENV, claim_gpu_slots, default_cpu_threads
+from tiny_llm.runtime.forkserver import FORK_SERVER_ENV
 
 STORE_ENV = "TINY_LLM_RANK_STORE"
 """The ranks' FileStore (a file in the launcher's private directory)."""
@@ -71,6 +72,7 @@ def rank_environment(
 ) -> dict[str, str]:
     """Rank ``rank``'s environment: torchrun's variables, the FileStore, loopback sockets, the GPUs."""
     env = dict(base)
+    env.pop(FORK_SERVER_ENV, None)  # each rank starts on its own, with the variables set here
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
