@@ -14,6 +14,8 @@ from tiny_llm.pipeline.controller import (
     closing_lines_on_error,
     interrupt_on_sigterm,
     record_failed_jobs,
+    start_fork_server,
+    stop_fork_server,
     unbuilt_line,
     where_to_look,
 )
@@ -171,9 +173,12 @@ onstart:
     # after Snakemake's scheduler installed its own handler, which would wait for every running job to finish
     interrupt_on_sigterm(forward_to_jobs=workflow.local_exec)
     record_failed_jobs()  # for the closing lines, whatever the console's quietness hides
+    if workflow.local_exec and config["shared_startup"]:  # a cluster job is its own allocation
+        start_fork_server("logs/fork-server.jsonl")
 
 
 onsuccess:
+    stop_fork_server()
     # exit 0 means built: a run that left a target's file unbuilt says so and fails (rules/common.smk)
     if unbuilt := unbuilt_targets():
         sys.exit(f"\n{unbuilt_line(unbuilt)}")
@@ -188,4 +193,5 @@ onsuccess:
 
 
 onerror:
+    stop_fork_server()
     print("\n" + "\n".join(closing_lines_on_error(log) + PLAN.throughput.unmeasured_lines()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import stat
@@ -80,6 +81,17 @@ def trainers(workdir: Path) -> dict[int, Path]:
         if is_trainer and cwd == str(workdir) and "--config" in argv:
             found[int(entry.name)] = (workdir / argv[argv.index("--config") + 1]).parent
     return found
+
+
+def served_job(workdir: Path, pid: int) -> int:
+    """The process running the command of ``pid``: the job the fork server forked for it (the server's
+    record in ``logs/fork-server.jsonl``), else ``pid`` itself. Ask once the job has started working."""
+    try:
+        lines = (workdir / "logs" / "fork-server.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return pid
+    started = {r["client"]: r["started"] for r in map(json.loads, lines) if "started" in r}
+    return started.get(pid, pid)
 
 
 def local_jobs(workdir: Path, words: list[str]) -> list[int]:

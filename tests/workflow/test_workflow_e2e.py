@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from faults_driver import signal_reached, wait_until
+from faults_driver import served_job, signal_reached, wait_until
 from workflow_helpers import snakemake, snakemake_command, snakemake_env, tiny_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -189,6 +189,21 @@ def test_job_logs_hold_no_profiler_lines(killed_and_resumed: KilledAndResumed) -
         assert "profiler_st" not in text and "Profiler clears events" not in text, log
 
 
+def test_the_fork_server_ran_the_jobs_and_the_killed_one_died_with_its_client(
+    killed_and_resumed: KilledAndResumed,
+) -> None:
+    """A local run forks its `tiny_llm` jobs from one process that imported torch once (shared_startup): the
+    training job killed in the first session (its client, the process Snakemake started) died with it, and
+    the resumed one ended well, each recorded with its CPU time."""
+    logs = killed_and_resumed.workdir / "logs"
+    records = [json.loads(line) for line in (logs / "fork-server.jsonl").read_text().splitlines()]
+    trainings = [r for r in records if "pid" in r and str(r["log"]).endswith(f"/train_run/{RUN}.log")]
+    assert [r.get("exit", -r.get("signal", 0)) for r in trainings] == [-signal.SIGKILL, 0]
+    assert all(r["cpu_s"] > 0 for r in trainings)
+    rules = {Path(str(record["log"])).parent.name for record in records if "pid" in record}
+    assert rules >= {"prepare_cache", "train_run", "evaluate_run", "plot_curves"}
+
+
 def test_rerun_after_success_has_nothing_to_do(killed_and_resumed: KilledAndResumed) -> None:
     state = killed_and_resumed
     proc = snakemake(state.workdir, state.config, "runs", "-n")
@@ -248,9 +263,11 @@ def test_sigterm_to_a_background_controller_acts_like_ctrl_c(tmp_path: Path) -> 
         )
         try:
             deadline = time.monotonic() + 240
-            while not (run_dir / "latest.pt").exists() or (trainer := trainer_pid(proc.pid)) is None:
+            while not (run_dir / "latest.pt").exists() or (client := trainer_pid(proc.pid)) is None:
                 assert time.monotonic() < deadline and proc.poll() is None, "training never started"
                 time.sleep(0.05)
+            trainer = served_job(tmp_path, client)  # the process that trains, forked by the fork server
+            assert trainer != client, "the training job was not forked by the run's fork server"
             # The trainer is frozen until the controller's SIGTERM reaches it: a busy machine that delays the
             # controller's handler must not let the run train on to its end (what this test would then see).
             os.kill(trainer, signal.SIGSTOP)

@@ -8,6 +8,10 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,8 @@ from tiny_llm.pipeline.layout import (
     THROUGHPUT_TABLE,
     fill,
 )
+from tiny_llm.runtime.forkserver import FORK_SERVER_ENV
+from tiny_llm.runtime.forkserver import supported as forkserver_supported
 
 if TYPE_CHECKING:
     from tiny_llm.pipeline.plan import WorkflowPlan
@@ -131,12 +137,55 @@ def interrupt_on_sigterm(forward_to_jobs: bool) -> None:
 
 
 def signal_descendants(signum: int) -> None:
-    """Send ``signum`` to every process this one started (jobs and their own children)."""
+    """Send ``signum`` to every process this one started (jobs and their own children). The fork server's
+    jobs get it from their clients, which are among these: once, as a job the shell started would."""
     import psutil  # a Snakemake dependency: this only runs inside the controller
 
+    served = set()
+    for server in FORK_SERVERS:
+        with contextlib.suppress(psutil.Error):
+            served |= {server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))}
     for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):  # already gone
-            child.send_signal(signum)
+        if child.pid not in served:
+            with contextlib.suppress(psutil.Error):  # already gone
+                child.send_signal(signum)
+
+
+FORK_SERVER_START_S = 120.0
+"""How long the controller waits for its fork server to listen; jobs started without one run on their own."""
+FORK_SERVERS: list[subprocess.Popen[bytes]] = []
+"""This controller's fork server (tiny_llm.runtime.forkserver), while it runs."""
+
+
+def start_fork_server(log: str) -> None:
+    """Start a fork server for this local run's jobs (each then skips importing torch); its record of every
+    job goes to ``log``. Jobs that start before it listens, and every job off Linux, run on their own."""
+    if not forkserver_supported() or FORK_SERVERS:
+        return
+    socket_path = os.path.join(tempfile.mkdtemp(prefix="tiny-llm-forks-"), "socket")  # a 0700 directory
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as records:
+        command = [sys.executable, "-P", "-m", "tiny_llm", "fork-server", "--socket", socket_path]
+        command += ["--parent", str(os.getpid())]
+        FORK_SERVERS.append(
+            subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=records, stderr=subprocess.STDOUT)
+        )
+    os.environ[FORK_SERVER_ENV] = socket_path
+    # Jobs start once it listens (it imports torch first, about 3 s): none then spends that time itself.
+    deadline = time.monotonic() + FORK_SERVER_START_S
+    while not os.path.exists(socket_path) and FORK_SERVERS[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def stop_fork_server(timeout: float = 60.0) -> None:
+    """Stop the fork server once its jobs have ended (waiting at most ``timeout`` s: it ends them on its
+    own, and its CPU time joins this process's children's)."""
+    os.environ.pop(FORK_SERVER_ENV, None)
+    while FORK_SERVERS:
+        server = FORK_SERVERS.pop()
+        server.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout)
 
 
 def failed_job_logs(snakemake_log: str) -> list[str]:
