@@ -3,6 +3,7 @@ its log, and the closing summary sums them per stage."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from datetime import datetime
@@ -80,6 +81,25 @@ def test_job_times_reads_snakemakes_records_and_keeps_those_of_this_run(tmp_path
     assert (jobs["train_campaign", "stage1/r1"].wall_s, jobs["train_campaign", "stage1/r1"].cpu_s) == (11, 9)
     assert jobs["plot_curves", "runs"].cpu_s is None
     assert {j.rule for j in job_times(logs, since=1_500)} == {"train_campaign", "plot_curves"}
+
+
+def test_a_job_the_fork_server_ran_counts_the_cpu_of_the_servers_record(tmp_path: Path) -> None:
+    """Snakemake samples the client's processes only; the fork server's record holds the job's own CPU."""
+    logs = tmp_path / "logs"
+    write(logs / "train_run" / "demo-s.tsv", HEADER + record(21.89, 0.2))
+    write(logs / "plot_curves" / "runs.tsv", HEADER + record(0.4, "NA"))
+    write(logs / "evaluate_run" / "demo-s.tsv", HEADER + record(3.0, 0.1))
+    served = [
+        {"started": 11, "client": 10, "log": str(logs / "train_run" / "demo-s.log")},
+        {"pid": 9, "log": str(logs / "train_run" / "demo-s.log"), "signal": 9, "cpu_s": 4.0},  # killed, rerun
+        {"pid": 11, "log": str(logs / "train_run" / "demo-s.log"), "exit": 0, "cpu_s": 20.5},
+        {"pid": 12, "log": str(logs / "plot_curves" / "runs.log"), "exit": 0, "cpu_s": 0.3},
+        {"pid": 13, "log": "pipe:[1234]", "exit": 0, "cpu_s": 7.0},  # not a job's log: no job's
+        {"refused": "a connection from uid 65534 with 4 descriptors"},
+    ]
+    write(logs / "fork-server.jsonl", "".join(json.dumps(line) + "\n" for line in served) + '{"pid": 1')
+    cpu = {j.rule: j.cpu_s for j in job_times(logs)}
+    assert cpu == {"train_run": pytest.approx(20.7), "plot_curves": 0.3, "evaluate_run": 0.1}
 
 
 def test_stages_sum_their_jobs_and_come_longest_first() -> None:

@@ -5,11 +5,17 @@ Snakemake's own per-job timing: the wall seconds ``s`` and the CPU seconds ``cpu
 processes, sampled every 0.5 s for the first 15 s, then every 30 s, so a long job's last stretch is not
 counted). A rule's stage is the rules/ file that holds it (rules/campaign.smk: campaign). The closing summary
 and benchmarks/demo_time.py read them; nothing here imports Snakemake.
+
+A job that the fork server ran (tiny_llm/runtime/forkserver.py) spends its CPU outside the processes
+Snakemake samples: the server's record of it (``logs/fork-server.jsonl``, exact) is added to its job's, which
+it names by the log its output went to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import math
 import re
 import time
@@ -19,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 
 BENCHMARK_SUFFIX = ".tsv"
+SERVED_JOBS = "fork-server.jsonl"
+"""The fork server's record of the jobs it ran, in the logs directory (the Snakefile's onstart)."""
 """A job's benchmark file is its log's path with this suffix instead of ``.log``."""
 LONGEST_STAGES = 3
 """How many stages the closing summary names."""
@@ -48,36 +56,54 @@ class StageTime:
     cpu_s: float
 
 
-def read_job_time(path: Path, logs_dir: Path) -> JobTime:
-    """The record of one benchmark file (the mean of its rows, where a rule repeats its job)."""
+def read_job_time(path: Path, logs_dir: Path, served: dict[str, float] | None = None) -> JobTime:
+    """The record of one benchmark file (the mean of its rows, where a rule repeats its job), with the CPU
+    seconds the fork server spent on it (``served``, by log path below ``logs_dir``)."""
     with path.open(encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
     if not rows:
         raise ValueError(f"{path}: a benchmark file without a record")
     walls = [float(row["s"]) for row in rows]
     cpus = [float(row["cpu_time"]) for row in rows if row.get("cpu_time") not in (None, "", "NA")]
-    rule, _, job = path.relative_to(logs_dir).as_posix().removesuffix(BENCHMARK_SUFFIX).partition("/")
-    return JobTime(
-        rule=rule,
-        job=job,
-        wall_s=sum(walls) / len(walls),
-        cpu_s=sum(cpus) / len(cpus) if cpus else None,
-        ended=path.stat().st_mtime,
-    )
+    name = path.relative_to(logs_dir).as_posix().removesuffix(BENCHMARK_SUFFIX)
+    rule, _, job = name.partition("/")
+    cpu = sum(cpus) / len(cpus) if cpus else None
+    if (extra := (served or {}).get(f"{name}.log")) is not None:
+        cpu = (cpu or 0.0) + extra
+    return JobTime(rule=rule, job=job, wall_s=sum(walls) / len(walls), cpu_s=cpu, ended=path.stat().st_mtime)
 
 
 def job_times(logs_dir: str | Path, since: float | None = None) -> list[JobTime]:
     """Every job's record under ``logs_dir``, or only those written at or after ``since`` (this run's);
     a file that is not a readable benchmark record is skipped."""
     logs_dir = Path(logs_dir)
+    served = served_cpu(logs_dir)
     jobs = []
     for path in sorted(logs_dir.glob(f"*/**/*{BENCHMARK_SUFFIX}")):
         try:
             if since is None or path.stat().st_mtime >= since:
-                jobs.append(read_job_time(path, logs_dir))
+                jobs.append(read_job_time(path, logs_dir, served))
         except (OSError, ValueError, KeyError):  # being written, or not Snakemake's
             continue
     return jobs
+
+
+def served_cpu(logs_dir: Path) -> dict[str, float]:
+    """CPU seconds the fork server spent on each job, by its log's path below ``logs_dir`` (of the latest
+    run of that job: a rerun's record follows the earlier one)."""
+    cpu: dict[str, float] = {}
+    try:
+        lines = (logs_dir / SERVED_JOBS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return cpu
+    root = logs_dir.resolve()
+    for line in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            record = json.loads(line)
+            log = Path(record["log"])
+            if log.is_relative_to(root):
+                cpu[log.relative_to(root).as_posix()] = float(record["cpu_s"])
+    return cpu
 
 
 def rule_stages(rules_dir: str | Path) -> dict[str, str]:
