@@ -80,18 +80,20 @@ def job_times(workdir: Path) -> list[dict]:
     return sorted(rows.values(), key=lambda row: -row["seconds"])
 
 
-def demo(workdir: Path, cores: str) -> dict:
+def demo(workdir: Path, cores: str, shared_startup: bool) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     if any(workdir.iterdir()):
         raise SystemExit(f"{workdir} is not empty; the demo benchmark starts from scratch")
+    startup = [] if shared_startup else ["--config", "shared_startup=false"]  # every job its own process
     try:
-        wall, used, _ = timed(snakemake_cmd(workdir, "--cores", cores))
+        wall, used, _ = timed(snakemake_cmd(workdir, "--cores", cores, *startup))
     except subprocess.CalledProcessError as exc:
         sys.stderr.write(exc.stderr[-4000:])
         raise SystemExit(f"demo failed (exit {exc.returncode})") from None
     return {
         "benchmark": "embedded demo, default target, from scratch",
         "cores": cores,
+        "shared_startup": shared_startup,
         "wall_seconds": round(wall, 1),
         "cpu_seconds": round(used, 1),
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),
@@ -107,8 +109,17 @@ def main() -> None:
     full = sub.add_parser("demo")
     full.add_argument("--workdir", type=Path, required=True)
     full.add_argument("--cores", default="all")
+    full.add_argument(
+        "--no-shared-startup",
+        dest="shared_startup",
+        action="store_false",
+        help="start every job as its own process (the config's shared_startup: false)",
+    )
     args = parser.parse_args()
-    result = dry_run(args.repeat) if args.what == "dry-run" else demo(args.workdir, args.cores)
+    if args.what == "dry-run":
+        result = dry_run(args.repeat)
+    else:
+        result = demo(args.workdir, args.cores, args.shared_startup)
     print(json.dumps(result, indent=2))
 
 
