@@ -84,7 +84,7 @@ def demo(workdir: Path, cores: str, shared_startup: bool) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     if any(workdir.iterdir()):
         raise SystemExit(f"{workdir} is not empty; the demo benchmark starts from scratch")
-    startup = [] if shared_startup else ["--config", "shared_startup=false"]  # every job its own process
+    startup = [] if shared_startup else ["--config", "shared_startup=False"]  # every job its own process
     try:
         wall, used, _ = timed(snakemake_cmd(workdir, "--cores", cores, *startup))
     except subprocess.CalledProcessError as exc:
