@@ -93,13 +93,18 @@ def check_workflow_inputs() -> None:
         check_plan_files(expected)
 
 
+ON_THEIR_OWN = ("launch", "fork-server", "benchmark-worker", "benchmark-packed-worker")
+"""Commands a fork server never runs: launch's ranks (each rank's environment is its own), and the timed
+workers, whose windows are measured in a process started as before (benchmarks/README.md, "Shared
+start-up")."""
+
+
 def _forwarded(name: str, argv: list[str]) -> int | None:
-    """The exit status of the command run by a local workflow's fork server, None where none takes it. The
-    ranks of `launch` start on their own (each rank's environment is its own)."""
+    """The exit status of the command run by a local workflow's fork server, None where none takes it."""
     from tiny_llm.runtime.forkserver import FORK_SERVER_ENV, forward, may_forward
 
     path = os.environ.get(FORK_SERVER_ENV)
-    if not path or name in ("launch", "fork-server") or not may_forward():
+    if not path or name in ON_THEIR_OWN or not may_forward():
         return None
     return forward(path, argv)
 
