@@ -83,3 +83,18 @@ def test_a_second_controller_is_refused_in_one_line_naming_the_first(tmp_path: P
     controller.become_the_controller(tmp_path)
     assert (tmp_path / controller.CONTROLLER_LOCK).read_text() == f"{socket.gethostname()} {os.getpid()}\n"
     os.close(controller._HELD.pop())
+
+
+def test_a_dead_fork_servers_directory_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """A run killed with SIGKILL leaves its fork server's socket; the next run's controller removes it."""
+    dead, live, starting = (tmp_path / f"{controller.FORK_SERVER_PREFIX}{name}" for name in ("a", "b", "c"))
+    for directory in (dead, live, starting):
+        directory.mkdir(mode=0o700)
+    (tmp_path / "other").mkdir()
+    with socket.socket(socket.AF_UNIX) as was_bound:
+        was_bound.bind(str(dead / "socket"))  # closed without a listener: its server is gone
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(live / "socket"))
+        listening.listen(1)
+        assert controller.remove_dead_fork_servers(str(tmp_path)) == [dead]
+    assert not dead.exists() and (live / "socket").exists() and starting.exists()

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,8 @@ def signal_descendants(signum: int) -> None:
                 child.send_signal(signum)
 
 
+FORK_SERVER_PREFIX = "tiny-llm-forks-"
+"""The fork server's private directory in the system temp directory: tiny-llm-forks-XXXXXXXX/socket."""
 FORK_SERVER_START_S = 120.0
 """How long the controller waits for its fork server to listen; jobs started without one run on their own."""
 FORK_SERVERS: list[subprocess.Popen[bytes]] = []
@@ -162,7 +165,8 @@ def start_fork_server(log: str) -> None:
     job goes to ``log``. Jobs that start before it listens, and every job off Linux, run on their own."""
     if not forkserver_supported() or FORK_SERVERS:
         return
-    socket_path = os.path.join(tempfile.mkdtemp(prefix="tiny-llm-forks-"), "socket")  # a 0700 directory
+    remove_dead_fork_servers()
+    socket_path = os.path.join(tempfile.mkdtemp(prefix=FORK_SERVER_PREFIX), "socket")  # a 0700 directory
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as records:
         command = [sys.executable, "-P", "-m", "tiny_llm", "fork-server", "--socket", socket_path]
@@ -175,6 +179,29 @@ def start_fork_server(log: str) -> None:
     deadline = time.monotonic() + FORK_SERVER_START_S
     while not os.path.exists(socket_path) and FORK_SERVERS[0].poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def remove_dead_fork_servers(temp_dir: str | None = None) -> list[Path]:
+    """Remove this user's fork-server directories whose socket no server listens on (a run killed with
+    SIGKILL leaves its own behind); a server that is starting has no socket yet and is left alone."""
+    removed = []
+    for directory in Path(temp_dir or tempfile.gettempdir()).glob(f"{FORK_SERVER_PREFIX}*"):
+        sock = directory / "socket"
+        with contextlib.suppress(OSError):
+            if directory.is_symlink() or directory.stat().st_uid != os.getuid() or not sock.is_socket():
+                continue
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(sock))
+                continue  # a live server (another run's)
+            except ConnectionRefusedError:
+                pass
+            finally:
+                probe.close()
+            sock.unlink()
+            directory.rmdir()
+            removed.append(directory)
+    return removed
 
 
 def stop_fork_server(timeout: float = 60.0) -> None:
