@@ -233,6 +233,16 @@ def test_a_stopped_server_takes_no_new_job_and_exits_once_its_jobs_end(server: S
     assert not server.socket.parent.exists()  # its private directory too
 
 
+def test_a_connection_that_sends_nothing_is_closed_without_a_record(server: Server) -> None:
+    """Another run's controller checks whether this server lives (controller.remove_dead_fork_servers)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.connect(str(server.socket))
+    assert server.client("exit", "3").wait() == 3  # served after the probe: the records are in order
+    assert [record.get("exit") for record in server.lines()] == [3]
+
+
 def test_without_a_server_the_command_runs_on_its_own(tmp_path: Path) -> None:
     environ = dict(os.environ, **{FORK_SERVER_ENV: str(tmp_path / "missing")})
     assert subprocess.run([sys.executable, "-c", CLIENT, "exit", "0"], env=environ).returncode == 99
