@@ -218,7 +218,7 @@ class _Server:
             while not (self.stopping and not self.jobs):
                 self._step()
         finally:
-            if os.getpid() == self.pid:  # a job unwinding through here (sys.exit) leaves the server's things
+            if os.getpid() == self.pid:  # a job that failed to start unwinds through here: not its to close
                 self._close_listener()
         return 0
 
