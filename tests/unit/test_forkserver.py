@@ -193,8 +193,8 @@ def test_a_signal_to_the_client_reaches_the_job(server: Server) -> None:
     assert client.stdout is not None
     assert client.stdout.readline().startswith("ready")
     client.send_signal(signal.SIGTERM)
-    out, _ = client.communicate()
-    assert client.returncode == 3 and out == "got 15\n"
+    out, err = client.communicate()
+    assert (client.returncode, out) == (3, "got 15\n"), err
 
 
 def test_the_job_dies_with_its_client(server: Server) -> None:

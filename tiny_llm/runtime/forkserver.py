@@ -196,6 +196,7 @@ class _Server:
         self.path, self.parent, self.run, self.records = path, parent, run, records
         self.pid = os.getpid()
         self.jobs: dict[int, _Job] = {}
+        self.ended: set[socket.socket] = set()  # connections of ended jobs, until their clients close them
         self.stopping = False
         self.selector = selectors.DefaultSelector()
         self.wake_read, self.wake_write = os.pipe()
@@ -283,19 +284,24 @@ class _Server:
     def _inherited(self) -> list[Callable[[], None]]:
         """What a job closes of the server's: the listener, the wake-up pipe, other jobs' connections."""
         closers: list[Callable[[], None]] = [self.selector.close]
-        closers += [job.conn.close for job in self.jobs.values()]
+        closers += [job.conn.close for job in self.jobs.values()] + [conn.close for conn in self.ended]
         if self.listener is not None:
             closers.append(self.listener.close)
         closers += [lambda: os.close(self.wake_read), lambda: os.close(self.wake_write)]
         return closers
 
-    def _relay(self, conn: socket.socket, pid: int) -> None:
+    def _relay(self, conn: socket.socket, pid: int | None) -> None:
         try:
             data = conn.recv(64)
         except OSError:
             data = b""
         if not data:  # the client is gone; the job notices on its own (its lifeline)
             self.selector.unregister(conn)
+            if pid is None:
+                self.ended.discard(conn)
+                conn.close()
+            return
+        if pid is None:  # a signal that came after the job's end: nothing to send it to
             return
         for signum in data:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
@@ -327,11 +333,15 @@ class _Server:
             "max_rss_mb": round(usage.ru_maxrss / 1024, 1),
         }
         print(json.dumps(record), file=self.records, flush=True)  # before the client exits
-        with contextlib.suppress(OSError):
+        try:  # closed by the client first: a close here with its last signal unread would reset the status
             job.conn.sendall(json.dumps(ended).encode() + b"\n")
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(job.conn)
-        job.conn.close()
+            job.conn.shutdown(socket.SHUT_WR)
+            self.selector.modify(job.conn, selectors.EVENT_READ, None)
+            self.ended.add(job.conn)
+        except (OSError, KeyError, ValueError):
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(job.conn)
+            job.conn.close()
 
 
 def serve(path: str, parent: int, run: Callable[[list[str]], int], records: IO[str]) -> int:
