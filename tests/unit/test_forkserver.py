@@ -7,6 +7,7 @@ it. Every wait is on an event: the socket appearing, a line the job prints, a pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -52,6 +53,10 @@ SERVER = textwrap.dedent(
             print("ready", os.getpid(), flush=True)
             while True:
                 time.sleep(60)
+        if argv[0] == "hold":  # busy in one C call that keeps the GIL: no thread of its own runs
+            import re
+            print("ready", os.getpid(), flush=True)
+            re.match(r"(a+)+$", "a" * 64 + "b")
         if argv[0] == "exit-hooks":  # what a job leaves for the interpreter's exit, as compiling jobs do
             import atexit, concurrent.futures, threading
             POOLS.append(concurrent.futures.ThreadPoolExecutor(2))  # kept, as Inductor keeps its own
@@ -206,6 +211,20 @@ def test_the_job_dies_with_its_client(server: Server) -> None:
     wait_for(lambda: gone(job), "end of the job after its client was killed")
     wait_for(lambda: len(server.lines()) == 1, "record of the killed job")
     assert server.lines()[0]["signal"] == signal.SIGKILL
+
+
+def test_a_job_holding_the_gil_dies_with_its_client(server: Server) -> None:
+    """The job's lifeline is a thread, which cannot run while the job holds the GIL; the server kills it."""
+    client = server.client("hold")
+    assert client.stdout is not None
+    job = int(client.stdout.readline().split()[1])
+    try:
+        client.kill()
+        client.wait()
+        wait_for(lambda: gone(job), "end of the GIL-holding job after its client was killed")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job, signal.SIGKILL)
 
 
 def test_the_job_dies_with_the_server_and_the_client_says_so(server: Server) -> None:

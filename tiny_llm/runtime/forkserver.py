@@ -14,8 +14,10 @@ One Unix-socket connection per job:
   per signal the client receives, which the server sends to the job's process group.
 - job -> client: ``{"pid": N}`` once the job has started; server -> client: ``{"exit": code}`` or
   ``{"signal": n}`` when it ends. The server writes one JSON line per job to its log (wall, CPU, peak memory).
-- The job dies with its client (the pipe reads EOF: the job kills its own process group), as a job the shell
-  started dies when its process group is killed; a client whose server went away exits, and its job with it.
+- The job dies with its client, as a job the shell started dies when its process group is killed: the pipe
+  reads EOF and the job kills its own process group, and the server, seeing the connection close, kills it too
+  (a job busy in a call that holds the GIL runs no thread). A client whose server went away exits, and its job
+  with it.
 Only the server's user may connect (``SO_PEERCRED``); the socket lies in a 0700 directory. Linux only.
 """
 
@@ -295,11 +297,14 @@ class _Server:
             data = conn.recv(64)
         except OSError:
             data = b""
-        if not data:  # the client is gone; the job notices on its own (its lifeline)
+        if not data:  # the client is gone: its job dies with it
             self.selector.unregister(conn)
             if pid is None:
                 self.ended.discard(conn)
                 conn.close()
+            else:  # as the job's lifeline does, but also where the job's threads cannot run (the GIL held)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
             return
         if pid is None:  # a signal that came after the job's end: nothing to send it to
             return
