@@ -302,15 +302,16 @@ def test_another_users_connection_is_refused() -> None:
         shutil.rmtree(base)
 
 
-def test_tiny_llm_hands_its_command_on_but_not_the_timed_workers_or_launch(server: Server) -> None:
-    """`tiny_llm describe` reaches the server (whose probe entry point fails it); the timed workers and
-    launch run on their own, as before: their help prints."""
+def test_tiny_llm_hands_its_command_on_the_timed_workers_too_but_not_launch(server: Server) -> None:
+    """`tiny_llm describe` and the timed workers reach the server (whose probe entry point fails them);
+    launch runs on its own, as before: its help prints."""
     environ = dict(os.environ, **{FORK_SERVER_ENV: str(server.socket)})
-    handed = subprocess.run(
-        [sys.executable, "-m", "tiny_llm", "describe", "--config", "demo-s"], env=environ, capture_output=True
-    )
-    assert handed.returncode == 1 and b"RuntimeError: probe: describe --config demo-s" in handed.stderr
-    for command in ("launch", "benchmark-worker", "benchmark-packed-worker"):
-        alone = subprocess.run([sys.executable, "-m", "tiny_llm", command, "--help"], env=environ)
-        assert alone.returncode == 0, command
-    assert [record["argv"] for record in server.lines()] == [["describe", "--config", "demo-s"]]
+    handed = ["describe", "benchmark-worker", "benchmark-packed-worker"]
+    for command in handed:
+        served = subprocess.run(
+            [sys.executable, "-m", "tiny_llm", command, "--help"], env=environ, capture_output=True
+        )
+        assert served.returncode == 1 and f"RuntimeError: probe: {command} --help".encode() in served.stderr
+    alone = subprocess.run([sys.executable, "-m", "tiny_llm", "launch", "--help"], env=environ)
+    assert alone.returncode == 0
+    assert [record["argv"] for record in server.lines()] == [[command, "--help"] for command in handed]

@@ -89,5 +89,9 @@ def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None
     profile = yaml.safe_load((folder / "profile.yaml").read_text())
     assert "sets" not in profile and profile["overrides"]["training"]["log_every"] == 1
     assert json.loads((folder / "progress.json").read_text())["done"] == len(SLOTS)
+    # the timed workers, forked by the run's fork server (shared_startup) as its other jobs are
+    served = [json.loads(line) for line in (tmp_path / "logs" / "fork-server.jsonl").read_text().splitlines()]
+    workers = [r for r in served if "pid" in r and r["argv"][0] == "benchmark-worker"]
+    assert [r["exit"] for r in workers] == [0, 0]  # s3-r0-fp32 reused its parent's: no worker
     again = snakemake(tmp_path, config, target, "--cores", "2")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
