@@ -25,9 +25,9 @@ from datetime import datetime
 from pathlib import Path
 
 BENCHMARK_SUFFIX = ".tsv"
+"""A job's benchmark file is its log's path with this suffix instead of ``.log``."""
 SERVED_JOBS = "fork-server.jsonl"
 """The fork server's record of the jobs it ran, in the logs directory (the Snakefile's onstart)."""
-"""A job's benchmark file is its log's path with this suffix instead of ``.log``."""
 LONGEST_STAGES = 3
 """How many stages the closing summary names."""
 
