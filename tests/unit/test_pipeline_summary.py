@@ -30,7 +30,8 @@ def finished_demo() -> None:
                 "tokens_per_second": 15234.6,
                 "settings": {
                     "training.micro_batch_size": 16,
-                    "runtime.compile": True,
+                    "runtime.compile": False,
+                    "runtime.compile_mode": "default",
                     "runtime.cpu_amp": False,
                 },
             }
@@ -61,6 +62,18 @@ def finished_demo() -> None:
     write_json("results/report/fit/summary.json", fit_summary(realised=6.8078))
 
 
+def test_a_compiled_selection_names_its_compile_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = {"runtime.compile": True, "runtime.compile_mode": "max-autotune", "runtime.cpu_amp": True}
+    selected = {"name": "s3-r0-bf16", "tokens_per_second": 59415.2, "settings": settings}
+    write_json("results/cpu-tuning/summary.json", {"selected": selected})
+    text = summary_rst(plan_of(shipped("workflow_config.yaml")))
+    expected = (
+        "selected ``s3-r0-bf16`` at 59,415 tokens/s (compiled, compile_mode max-autotune, cpu_amp True)."
+    )
+    assert expected in text
+
+
 def fit_summary(realised: float) -> dict:
     """The fit report's summary.json, its verification part: the prediction made before the run trained."""
     interval = [6.2523, 7.045]
@@ -78,8 +91,7 @@ def test_the_front_page_says_what_ran_and_what_won(tmp_path: Path, monkeypatch: 
     best_l = "- Best demo-l: ``demo-l-p0-s43``, loss 3.7000, 1.5900 bpb (``results/campaign/stage3/demo-l-p0"
     assert best_l in text
     assert (
-        "- Tuning ``cpu``: selected ``s1-m16-eager`` at 15,235 tokens/s (micro_batch_size 16, compile True)."
-        in text
+        "- Tuning ``cpu``: selected ``s1-m16-eager`` at 15,235 tokens/s (eager, micro_batch_size 16)." in text
     )
     assert (
         "- Campaign stage1 (demo-s): best ``demo-s-lr0.01-wd0.1``, loss 5.0000 ± 0.1000 over 2 seeds, "

@@ -156,16 +156,25 @@ def _tuning_line(plan: WorkflowPlan, profile: str) -> str:
     selected = (summary or {}).get("selected") if isinstance(summary, dict) else None
     if not isinstance(selected, dict) or _number(selected.get("tokens_per_second")) is None:
         return ""
-    settings = selected.get("settings") or {}
-    shown = ", ".join(  # what was chosen: unset and switched-off settings say nothing
-        f"{key.rpartition('.')[2]} {value}"
-        for key, value in (settings.items() if isinstance(settings, dict) else [])
-        if value not in (None, False)
-    )
+    settings = selected.get("settings")
+    shown = _chosen_settings(settings if isinstance(settings, dict) else {})
     return (
         f"Tuning ``{profile}``: selected ``{selected.get('name')}`` at "
         f"{selected['tokens_per_second']:,.0f} tokens/s" + (f" ({shown})." if shown else ".")
     )
+
+
+def _chosen_settings(settings: dict[str, Any]) -> str:
+    """What a tuning chose: eager or compiled first (a compile mode only where it compiles), then every other
+    setting that is set and switched on."""
+    compiled = settings.get("runtime.compile")
+    shown = [] if compiled is None else ["compiled" if compiled else "eager"]
+    for key, value in settings.items():
+        if key == "runtime.compile" or (key == "runtime.compile_mode" and not compiled):
+            continue
+        if value not in (None, False):
+            shown.append(f"{key.rpartition('.')[2]} {value}")
+    return ", ".join(shown)
 
 
 def _campaign_line(plan: WorkflowPlan, stage: str) -> str:
