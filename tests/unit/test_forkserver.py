@@ -46,8 +46,8 @@ SERVER = textwrap.dedent(
         if argv[0] == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         if argv[0] == "wait":  # until SIGTERM, which ends it with status 3
-            def stop(signum, frame):
-                print("got", signum, flush=True)
+            def stop(signum, frame):  # os.write: a print here can land inside the main thread's print
+                os.write(1, f"got {signum}\\n".encode())
                 sys.exit(3)
             signal.signal(signal.SIGTERM, stop)
             print("ready", os.getpid(), flush=True)
