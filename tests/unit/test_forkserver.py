@@ -180,6 +180,11 @@ def test_a_job_runs_its_own_command_and_serves_the_processes_it_starts(server: S
     records = server.lines()
     assert records[0]["refused"].startswith("a connection from its own job")
     assert [r["argv"] for r in records[1:]] == [["exit", "6"], ["nested"]]
+    # each start names its client's parent: the served job that started the inner client, this test the outer
+    starts = [json.loads(line) for line in server.records.read_text().splitlines()]
+    parents = {tuple(r["argv"]): r["parent"] for r in starts if "started" in r}
+    jobs = {tuple(r["argv"]): r["started"] for r in starts if "started" in r}
+    assert parents == {("nested",): os.getpid(), ("exit", "6"): jobs["nested",]}
 
 
 def test_the_client_exits_as_the_job_did(server: Server) -> None:

@@ -102,6 +102,34 @@ def test_a_job_the_fork_server_ran_counts_the_cpu_of_the_servers_record(tmp_path
     assert cpu == {"train_run": pytest.approx(20.7), "plot_curves": 0.3, "evaluate_run": 0.1}
 
 
+def test_a_served_job_that_a_served_job_started_counts_for_that_one(tmp_path: Path) -> None:
+    """The tuner's candidate job starts its timed worker, which the server forks too: the worker writes to a
+    results/ file and its client's parent is the candidate job, whose CPU it counts in."""
+    logs = tmp_path / "logs"
+    write(logs / "bench_candidate" / "cpu-s1.tsv", HEADER + record(3.0, 0.1))
+    candidate, worker = str(logs / "bench_candidate" / "cpu-s1.log"), str(tmp_path / "results" / "s1.log")
+    served = [
+        {"started": 20, "client": 19, "parent": 18, "log": candidate},
+        {"started": 22, "client": 21, "parent": 20, "log": worker},
+        {"started": 24, "client": 23, "parent": 22, "log": worker},  # and what that one started
+        {"pid": 24, "log": worker, "exit": 0, "cpu_s": 1.0},
+        {"pid": 22, "log": worker, "exit": 0, "cpu_s": 2.5},
+        {"pid": 20, "log": candidate, "exit": 0, "cpu_s": 0.25},
+        {
+            "started": 22,
+            "client": 30,
+            "parent": 1,
+            "log": candidate,
+        },  # a later job with a reused pid: its own
+        {"pid": 22, "log": candidate, "exit": 0, "cpu_s": 0.5},
+    ]
+    write(logs / "fork-server.jsonl", "".join(json.dumps(line) + "\n" for line in served))
+    assert [j.cpu_s for j in job_times(logs)] == [pytest.approx(0.1 + 0.5)]  # the latest run of the job
+    served = served[:6]
+    write(logs / "fork-server.jsonl", "".join(json.dumps(line) + "\n" for line in served))
+    assert [j.cpu_s for j in job_times(logs)] == [pytest.approx(0.1 + 0.25 + 2.5 + 1.0)]
+
+
 def test_stages_sum_their_jobs_and_come_longest_first() -> None:
     jobs = [
         JobTime("train_run", "a", 30, 50, 0),

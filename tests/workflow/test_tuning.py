@@ -11,6 +11,7 @@ import yaml
 from workflow_helpers import snakemake, tiny_config, write_config
 
 from tiny_llm.config import load_recipe
+from tiny_llm.pipeline.timing import job_times
 
 TINY_PROFILE = {
     "size": "tiny",
@@ -93,5 +94,7 @@ def test_tuning_runs_each_candidate_as_a_job_and_selects(tmp_path: Path) -> None
     served = [json.loads(line) for line in (tmp_path / "logs" / "fork-server.jsonl").read_text().splitlines()]
     workers = [r for r in served if "pid" in r and r["argv"][0] == "benchmark-worker"]
     assert [r["exit"] for r in workers] == [0, 0]  # s3-r0-fp32 reused its parent's: no worker
+    candidates = [j for j in job_times(tmp_path / "logs") if j.rule == "bench_candidate"]
+    assert sum(j.cpu_s or 0 for j in candidates) >= sum(r["cpu_s"] for r in workers) > 0  # counted in
     again = snakemake(tmp_path, config, target, "--cores", "2")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr

@@ -8,7 +8,7 @@ and benchmarks/demo_time.py read them; nothing here imports Snakemake.
 
 A job that the fork server ran (tiny_llm/runtime/forkserver.py) spends its CPU outside the processes
 Snakemake samples: the server's record of it (``logs/fork-server.jsonl``, exact) is added to its job's, which
-it names by the log its output went to.
+it names by the log its output went to, together with the records of the served jobs it started.
 """
 
 from __future__ import annotations
@@ -90,19 +90,33 @@ def job_times(logs_dir: str | Path, since: float | None = None) -> list[JobTime]
 
 def served_cpu(logs_dir: Path) -> dict[str, float]:
     """CPU seconds the fork server spent on each job, by its log's path below ``logs_dir`` (of the latest
-    run of that job: a rerun's record follows the earlier one)."""
+    run of that job: a rerun's record follows the earlier one). A served job that another one started (the
+    tuner's timed worker, which its candidate job starts) counts for the job that started it."""
     cpu: dict[str, float] = {}
     try:
         lines = (logs_dir / SERVED_JOBS).read_text(encoding="utf-8").splitlines()
     except OSError:
         return cpu
     root = logs_dir.resolve()
+    # a running served job -> the one it counts for (itself, or the one its starter counts for); and the CPU
+    # of ended jobs that a running one started, by the one they count for
+    owner: dict[int, int] = {}
+    nested: dict[int, float] = {}
     for line in lines:
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
             record = json.loads(line)
+            if "started" in record:
+                pid = int(record["started"])
+                owner[pid] = owner.get(record.get("parent"), pid)
+                continue
+            pid, seconds = int(record["pid"]), float(record["cpu_s"])
+            if (counts_for := owner.pop(pid, pid)) != pid:
+                nested[counts_for] = nested.get(counts_for, 0.0) + seconds
+                continue
+            seconds += nested.pop(pid, 0.0)
             log = Path(record["log"])
             if log.is_relative_to(root):
-                cpu[log.relative_to(root).as_posix()] = float(record["cpu_s"])
+                cpu[log.relative_to(root).as_posix()] = seconds
     return cpu
 
 

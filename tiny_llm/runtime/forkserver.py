@@ -280,7 +280,15 @@ class _Server:
             os.close(fd)
         self.jobs[pid] = _Job(conn, list(request["argv"]), log, time.monotonic())
         self.selector.register(conn, selectors.EVENT_READ, pid)
-        started = {"started": pid, "client": client, "argv": request["argv"][1:], "log": log}
+        # the client's parent is a served job where one of them started the client (the tuner's timed worker)
+        parent = _parent_of(client)
+        started = {
+            "started": pid,
+            "client": client,
+            "parent": parent,
+            "argv": request["argv"][1:],
+            "log": log,
+        }
         print(json.dumps(started), file=self.records, flush=True)  # which process is whose job
 
     def _inherited(self) -> list[Callable[[], None]]:
