@@ -258,7 +258,7 @@ class _Server:
         with contextlib.suppress(BlockingIOError):
             conn, _ = self.listener.accept()
             try:
-                client, request, fds = _read_request(conn)
+                client, parent, request, fds = _read_request(conn)
             except _Probe:  # another run's controller checking that this server lives
                 conn.close()
                 return
@@ -266,9 +266,11 @@ class _Server:
                 print(json.dumps({"refused": str(exc)}), file=self.records, flush=True)
                 conn.close()
                 return
-            self._fork(conn, client, request, fds)
+            self._fork(conn, client, parent, request, fds)
 
-    def _fork(self, conn: socket.socket, client: int, request: dict[str, Any], fds: list[int]) -> None:
+    def _fork(
+        self, conn: socket.socket, client: int, parent: int | None, request: dict[str, Any], fds: list[int]
+    ) -> None:
         log = _fd_path(fds[1])
         for stream in (sys.stdout, sys.stderr, self.records):
             stream.flush()
@@ -281,7 +283,6 @@ class _Server:
         self.jobs[pid] = _Job(conn, list(request["argv"]), log, time.monotonic())
         self.selector.register(conn, selectors.EVENT_READ, pid)
         # the client's parent is a served job where one of them started the client (the tuner's timed worker)
-        parent = _parent_of(client)
         started = {
             "started": pid,
             "client": client,
@@ -363,12 +364,13 @@ def serve(path: str, parent: int, run: Callable[[list[str]], int], records: IO[s
     return _Server(path, parent, run, records).serve()
 
 
-def _read_request(conn: socket.socket) -> tuple[int, dict[str, Any], list[int]]:
-    """The client's pid, its request, and the descriptors it sent."""
+def _read_request(conn: socket.socket) -> tuple[int, int | None, dict[str, Any], list[int]]:
+    """The client's pid and its parent's, its request, and the descriptors it sent."""
     conn.settimeout(_REQUEST_TIMEOUT_S)
     credentials = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     peer, uid, _ = struct.unpack("3i", credentials)
-    if _parent_of(peer) == os.getpid():  # a job handing on its own command (code of another version)
+    parent = _parent_of(peer)
+    if parent == os.getpid():  # a job handing on its own command (code of another version)
         raise ValueError(f"a connection from its own job {peer}")
     fds = array.array("i")
     data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(_NUM_FDS * fds.itemsize))
@@ -390,7 +392,7 @@ def _read_request(conn: socket.socket) -> tuple[int, dict[str, Any], list[int]]:
             raise ValueError("a request cut short")
         data += chunk
     conn.settimeout(None)
-    return peer, json.loads(data[_HEADER.size :]), list(fds)
+    return peer, parent, json.loads(data[_HEADER.size :]), list(fds)
 
 
 class _Probe(Exception):
