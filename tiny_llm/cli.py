@@ -96,7 +96,7 @@ def check_workflow_inputs() -> None:
 ON_THEIR_OWN = ("launch", "fork-server")
 """Commands a fork server never runs: launch's ranks (each rank's environment is its own) and the server
 itself. The timed workers are served: forked and started alone, they measured the same throughput within
-the windows' noise, 3 s sooner (benchmarks/README.md, "Shared start-up")."""
+the windows' noise, 3 s sooner (benchmarks/README.md, "The last cuts")."""
 
 
 def _forwarded(name: str, argv: list[str]) -> int | None:
